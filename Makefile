@@ -1,0 +1,39 @@
+# strata — the two commands that set up a fresh machine:
+#   make run    install missing Debian packages, build, train the default model
+#   make test   install missing Debian packages, build, run the test suite (no GPU tests)
+BUILD   ?= build
+JOBS    ?= $(shell nproc)
+CMAKE_FLAGS ?=
+STRATA_RUN_ARGS ?=
+
+.PHONY: all deps configure build test test-gpu run bench clean
+
+all: build
+
+deps:
+	@./scripts/install-deps.sh
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+
+configure: $(BUILD)/build.ninja
+
+build: deps configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# Everything but the tests that need a GPU (label gpu).
+test: build
+	ctest --test-dir $(BUILD) -LE gpu --output-on-failure -j $(JOBS)
+
+# On a machine with a GPU: only the GPU tests.
+test-gpu: build
+	ctest --test-dir $(BUILD) -L gpu --output-on-failure
+
+# The main job: train the default model (GPU if present, else the CPU backend).
+# Until the trainer exists, the tier store benchmark on its defaults.
+run: build
+	@if [ -x $(BUILD)/bin/strata ]; then $(BUILD)/bin/strata train $(STRATA_RUN_ARGS); \
+	 else $(BUILD)/bin/strata-bench store $(STRATA_RUN_ARGS); fi
+
+clean:
+	rm -rf $(BUILD)

@@ -1,0 +1,217 @@
+#include "bench/bench.h"
+
+#include <sys/stat.h>
+#include <sys/sysinfo.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include "tiers/device.h"
+
+namespace po = boost::program_options;
+
+namespace strata::bench {
+
+namespace {
+std::vector<Command>& MutableCommands() {
+  static std::vector<Command> commands;
+  return commands;
+}
+}  // namespace
+
+Registrar::Registrar(const char* name, const char* summary, RunFn run) {
+  MutableCommands().push_back({name, summary, run});
+}
+
+const std::vector<Command>& Commands() {
+  auto& c = MutableCommands();
+  std::sort(c.begin(), c.end(),
+            [](const Command& a, const Command& b) { return std::string(a.name) < b.name; });
+  return c;
+}
+
+void AddCommonOptions(po::options_description& desc, CommonOptions& opts) {
+  desc.add_options()("help,h", "show this help")(
+      "json", po::value(&opts.json_path)->value_name("FILE"), "also write the results as JSON to FILE")(
+      "dir", po::value(&opts.dir)->value_name("PATH"),
+      "directory for benchmark files (default: a temporary directory, removed afterwards)")(
+      "full", po::bool_switch(&opts.full), "run the full sweep instead of the quick defaults");
+}
+
+bool ParseOptions(int argc, char** argv, const po::options_description& desc, int* exit_code,
+                  po::positional_options_description* pos) {
+  po::variables_map vm;
+  try {
+    po::command_line_parser parser(argc - 1, argv + 1);
+    parser.options(desc);
+    if (pos) parser.positional(*pos);
+    po::store(parser.run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: strata-bench " << argv[0] << " [options]\n" << desc << "\n";
+      *exit_code = 0;
+      return false;
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::cerr << "strata-bench " << argv[0] << ": " << e.what() << "\n"
+              << "try: strata-bench " << argv[0] << " --help\n";
+    *exit_code = 2;
+    return false;
+  }
+  return true;
+}
+
+Report::Report(std::string command) : command_(std::move(command)) {}
+
+void Report::Add(nlohmann::json row) { rows_.push_back(std::move(row)); }
+
+nlohmann::json Report::WithRatio(nlohmann::json row, double value, double baseline) {
+  row["value"] = value;
+  row["baseline"] = baseline;
+  row["ratio"] = baseline > 0 ? value / baseline : 0.0;
+  return row;
+}
+
+void Report::Note(std::string line) { notes_.push_back(std::move(line)); }
+
+namespace {
+std::string Cell(const nlohmann::json& v) {
+  if (v.is_null()) return "";
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_float()) {
+    double d = v.get<double>();
+    std::ostringstream os;
+    double a = std::abs(d);
+    os << std::fixed << std::setprecision(a == 0 ? 0 : a < 0.01 ? 5 : a < 10 ? 3 : a < 1000 ? 2 : 0)
+       << d;
+    return os.str();
+  }
+  return v.dump();
+}
+}  // namespace
+
+void Report::Print() const {
+  std::vector<std::string> cols;
+  for (const auto& r : rows_)
+    for (auto it = r.begin(); it != r.end(); ++it)
+      if (std::find(cols.begin(), cols.end(), it.key()) == cols.end()) cols.push_back(it.key());
+  // nlohmann::json objects iterate in key order; put the figure columns last.
+  static const char* kLast[] = {"value", "unit", "baseline", "baseline_name", "ratio"};
+  std::vector<std::string> ordered;
+  for (const auto& c : cols)
+    if (std::find(std::begin(kLast), std::end(kLast), c) == std::end(kLast)) ordered.push_back(c);
+  for (const char* c : kLast)
+    if (std::find(cols.begin(), cols.end(), c) != cols.end()) ordered.push_back(c);
+  std::vector<size_t> width(ordered.size());
+  for (size_t i = 0; i < ordered.size(); ++i) width[i] = ordered[i].size();
+  std::vector<std::vector<std::string>> cells;
+  for (const auto& r : rows_) {
+    std::vector<std::string> line;
+    for (size_t i = 0; i < ordered.size(); ++i) {
+      std::string c = r.contains(ordered[i]) ? Cell(r[ordered[i]]) : "";
+      width[i] = std::max(width[i], c.size());
+      line.push_back(std::move(c));
+    }
+    cells.push_back(std::move(line));
+  }
+  auto print_line = [&](const std::vector<std::string>& line) {
+    for (size_t i = 0; i < line.size(); ++i)
+      std::cout << (i ? "  " : "") << std::setw(static_cast<int>(width[i])) << line[i];
+    std::cout << "\n";
+  };
+  print_line(ordered);
+  for (const auto& l : cells) print_line(l);
+  for (const auto& n : notes_) std::cout << "  " << n << "\n";
+  std::cout.flush();
+}
+
+Status Report::WriteJson(const std::string& path) const {
+  if (path.empty()) return Status::OK();
+  nlohmann::json j;
+  j["command"] = command_;
+  j["machine"] = MachineInfo();
+  j["meta"] = meta_;
+  j["rows"] = rows_;
+  j["notes"] = notes_;
+  std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp);
+    if (!f) return ErrnoStatus("cannot create JSON output", tmp);
+    f << j.dump(2) << "\n";
+    f.flush();
+    if (!f) return ErrnoStatus("cannot write JSON output", tmp);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) return ErrnoStatus("cannot rename JSON output", path);
+  return Status::OK();
+}
+
+Result<BenchDir> BenchDir::Make(const std::string& path) {
+  if (!path.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(path, ec);
+    if (ec) return IoError("cannot create benchmark directory", ec.value(), path);
+    return BenchDir(path, false);
+  }
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/strata-bench.XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoStatus("cannot create temporary directory", tmpl);
+  return BenchDir(tmpl, true);
+}
+
+BenchDir::BenchDir(BenchDir&& o) noexcept : path_(std::move(o.path_)), owned_(o.owned_) {
+  o.owned_ = false;
+}
+
+BenchDir::~BenchDir() {
+  if (owned_) {
+    std::error_code ec;
+    std::filesystem::remove_all(path_, ec);
+  }
+}
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+nlohmann::json MachineInfo() {
+  nlohmann::json m;
+  std::ifstream cpu("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpu, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      auto p = line.find(':');
+      if (p != std::string::npos) m["cpu"] = line.substr(p + 2);
+      break;
+    }
+  }
+  m["cores"] = std::thread::hardware_concurrency();
+  struct sysinfo si {};
+  if (sysinfo(&si) == 0) m["memory_bytes"] = static_cast<uint64_t>(si.totalram) * si.mem_unit;
+  auto gpu = QueryGpu(0);
+  if (gpu.ok()) {
+    m["gpu"] = gpu->name;
+    m["gpu_memory_bytes"] = gpu->total_bytes;
+  } else {
+    m["gpu"] = nullptr;
+  }
+#ifndef NDEBUG
+  m["warning"] = "built without NDEBUG (not a Release build): figures are not representative";
+#endif
+  return m;
+}
+
+void Die(const Status& s, const char* what) {
+  std::cerr << "strata-bench: " << what << " failed: " << s.ToString() << "\n";
+  std::exit(1);
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,125 @@
+// strata-bench: shared pieces for the subcommands.
+//
+// Each subcommand lives in its own file (bench/<name>.cc) and registers itself
+// with STRATA_BENCH_COMMAND. Every figure a subcommand prints stands beside
+// its physical baseline measured in the same run, with the ratio: use
+// Report::Add with `value`, `baseline` and their names so the table and the
+// JSON say the same thing.
+//
+// Abort-on-error is allowed here (tools, not the library): BENCH_CHECK_OK.
+#pragma once
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <boost/program_options.hpp>
+#include <nlohmann/json.hpp>
+
+#include "tiers/status.h"
+
+namespace strata::bench {
+
+using RunFn = int (*)(int argc, char** argv);
+
+struct Command {
+  const char* name;
+  const char* summary;
+  RunFn run;
+};
+
+struct Registrar {
+  Registrar(const char* name, const char* summary, RunFn run);
+};
+const std::vector<Command>& Commands();
+
+#define STRATA_BENCH_COMMAND(name, summary, fn) \
+  static ::strata::bench::Registrar strata_bench_registrar_##fn(name, summary, fn)
+
+// Options every subcommand takes.
+struct CommonOptions {
+  std::string json_path;  // --json FILE
+  std::string dir;        // --dir PATH (empty: a temporary directory, removed afterwards)
+  bool full = false;      // --full: the big sweep instead of the quick defaults
+};
+void AddCommonOptions(boost::program_options::options_description& desc, CommonOptions& opts);
+
+// Parses argv (argv[0] is the subcommand name). Prints help and returns false
+// when --help was given or the options are bad (then *exit_code is set).
+bool ParseOptions(int argc, char** argv, const boost::program_options::options_description& desc,
+                  int* exit_code, boost::program_options::positional_options_description* pos = nullptr);
+
+// A result table. Each row is a set of named columns; Print() shows them
+// aligned in insertion order of the first row's keys, WriteJson() writes
+// {"command":..., "machine":..., "rows":[...]}.
+class Report {
+ public:
+  explicit Report(std::string command);
+  // A row: any columns. By convention figures are given with "value",
+  // "unit", "baseline", "baseline_name", "ratio" (Ratio() fills it).
+  void Add(nlohmann::json row);
+  // Sets row["ratio"] = value / baseline and returns the row.
+  static nlohmann::json WithRatio(nlohmann::json row, double value, double baseline);
+  void Note(std::string line);  // printed under the table, kept in the JSON
+  void Print() const;
+  // Writes the JSON to `path` (nothing when empty). Errors name the file.
+  Status WriteJson(const std::string& path) const;
+  nlohmann::json& meta() { return meta_; }
+
+ private:
+  std::string command_;
+  std::vector<nlohmann::json> rows_;
+  std::vector<std::string> notes_;
+  nlohmann::json meta_;
+};
+
+// A directory that exists for the lifetime of the object. With `path` empty a
+// fresh one is made under $TMPDIR (or /var/tmp, which is usually on disk,
+// unlike /tmp on tmpfs) and removed afterwards; a given path is created if
+// needed and left in place (only the files made in it are removed by callers).
+class BenchDir {
+ public:
+  static Result<BenchDir> Make(const std::string& path);
+  BenchDir(BenchDir&& o) noexcept;
+  BenchDir& operator=(BenchDir&&) = delete;
+  BenchDir(const BenchDir&) = delete;
+  ~BenchDir();
+  const std::string& path() const { return path_; }
+
+ private:
+  BenchDir(std::string path, bool owned) : path_(std::move(path)), owned_(owned) {}
+  std::string path_;
+  bool owned_ = false;
+};
+
+inline double NowSeconds() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+// Median of `v` (copied; v may be unsorted). 0 for an empty vector.
+double Median(std::vector<double> v);
+
+// Machine facts for reports: CPU model, cores, memory, GPU name if any.
+nlohmann::json MachineInfo();
+
+[[noreturn]] void Die(const Status& s, const char* what);
+
+}  // namespace strata::bench
+
+#define BENCH_CHECK_OK(expr)                                \
+  do {                                                      \
+    ::strata::Status strata_bench_s_ = (expr);              \
+    if (!strata_bench_s_.ok()) ::strata::bench::Die(strata_bench_s_, #expr); \
+  } while (0)
+
+// Unwraps a Result or dies: auto x = BENCH_VALUE(MakeX());
+#define BENCH_VALUE(expr)                                                      \
+  ([&]() {                                                                     \
+    auto strata_bench_r_ = (expr);                                             \
+    if (!strata_bench_r_.ok()) ::strata::bench::Die(strata_bench_r_.status(), #expr); \
+    return std::move(strata_bench_r_).value();                                 \
+  }())

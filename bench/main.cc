@@ -1,0 +1,30 @@
+// strata-bench: offload bandwidth and component benchmarks.
+//
+// Subcommands (each in bench/<name>.cc) register themselves; `strata-bench`
+// with no arguments lists them. Every figure is printed beside its physical
+// baseline measured in the same run, and the ratio.
+#include <cstring>
+#include <iostream>
+
+#include "bench/bench.h"
+
+int main(int argc, char** argv) {
+  using strata::bench::Commands;
+#if !defined(NDEBUG) || !defined(__OPTIMIZE__)
+  std::cerr << "WARNING: strata-bench was built without optimization; figures are not "
+               "representative (build with CMAKE_BUILD_TYPE=Release)\n";
+#endif
+  auto usage = [&](std::ostream& os) {
+    os << "usage: strata-bench <command> [options]   (strata-bench <command> --help)\n\ncommands:\n";
+    for (const auto& c : Commands()) os << "  " << c.name << std::string(10 - std::min<size_t>(9, std::strlen(c.name)), ' ') << c.summary << "\n";
+  };
+  if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
+    usage(argc < 2 ? std::cerr : std::cout);
+    return argc < 2 ? 2 : 0;
+  }
+  for (const auto& c : Commands())
+    if (!std::strcmp(c.name, argv[1])) return c.run(argc - 1, argv + 1);
+  std::cerr << "strata-bench: unknown command '" << argv[1] << "'\n";
+  usage(std::cerr);
+  return 2;
+}

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Installs the Debian packages strata builds with, only those missing.
+# The CUDA Toolkit is not installed here: it comes with the machine (nvcc is
+# found on PATH or in /usr/local/cuda); without it strata builds CPU-only.
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build pkg-config git
+      liburing-dev libhwloc-dev libtbb-dev libeigen3-dev libboost-program-options-dev
+      libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+echo "strata: installing missing Debian packages: ${missing[*]}"
+sudo=""
+if [ "$(id -u)" -ne 0 ]; then
+  command -v sudo >/dev/null || { echo "strata: need root or sudo to install: ${missing[*]}" >&2; exit 1; }
+  sudo="sudo"
+fi
+if ! command -v apt-get >/dev/null; then
+  echo "strata: apt-get not found; install these packages by hand: ${missing[*]}" >&2
+  exit 1
+fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo apt-get update -qq
+$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"

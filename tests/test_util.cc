@@ -1,0 +1,57 @@
+#include "tests/test_util.h"
+
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <stdexcept>
+
+namespace strata::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/strata-test.XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr) throw std::runtime_error("mkdtemp failed for " + tmpl);
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  // Directories made read-only by a test must be writable again to be removed.
+  std::filesystem::permissions(path_, std::filesystem::perms::owner_all,
+                               std::filesystem::perm_options::add, ec);
+  for (auto it = std::filesystem::recursive_directory_iterator(path_, ec);
+       !ec && it != std::filesystem::recursive_directory_iterator(); it.increment(ec)) {
+    if (it->is_directory(ec))
+      std::filesystem::permissions(it->path(), std::filesystem::perms::owner_all,
+                                   std::filesystem::perm_options::add, ec);
+  }
+  std::filesystem::remove_all(path_, ec);
+}
+
+std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<uint8_t> v(n);
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t x = rng();
+    std::memcpy(v.data() + i, &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(rng());
+  return v;
+}
+
+std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo, float hi) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+std::string SourcePath(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }
+
+bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }
+
+}  // namespace strata::testing
