@@ -1,0 +1,154 @@
+// Training configuration: a DeepSpeed ds_config.json, read as it is, plus
+// strata's own `model`, `data` and `trainer` sections.
+//
+// Rules (../shared/DESIGN.md, "Configuration"):
+// - Keys strata implements are parsed and validated; a bad value is an error
+//   naming the key's path, the value and what is allowed.
+// - DeepSpeed keys strata does not implement are accepted with one warning
+//   each, unless ignoring them would change the training result (e.g.
+//   `prescale_gradients: true`, `amp.enabled: true`): then an error says why.
+// - A key neither DeepSpeed nor strata knows is an error naming the key, its
+//   path and the nearest known key, so a typo is never silently ignored.
+// - `train_batch_size = micro_batch × gradient_accumulation_steps × world`;
+//   any two determine the third; all three inconsistent is an error stating
+//   the rule and the numbers. "auto" is accepted for these three (derived).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tiers/status.h"
+
+namespace strata {
+
+struct Fp16Config {
+  bool enabled = false;
+  double loss_scale = 0;          // 0 = dynamic
+  int initial_scale_power = 16;   // DeepSpeed's documented default
+  int loss_scale_window = 1000;
+  int hysteresis = 2;
+  bool consecutive_hysteresis = false;
+  double min_loss_scale = 1;
+};
+
+struct OptimizerConfig {
+  std::string type = "AdamW";     // "Adam" or "AdamW" (DeepSpeed names, case-insensitive)
+  double lr = 1e-3;
+  double beta1 = 0.9, beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.0;
+  bool adam_w_mode = true;        // decoupled weight decay (DeepSpeed Adam's default)
+  bool bias_correction = true;
+};
+
+struct SchedulerConfig {
+  std::string type;               // "" = constant lr; WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle
+  std::map<std::string, nlohmann::json> params;  // validated names for `type`
+};
+
+struct OffloadConfig {
+  std::string device = "none";    // none | cpu | nvme
+  std::string nvme_path;
+  bool pin_memory = true;
+  int buffer_count = 5;
+  uint64_t buffer_size = 100'000'000;
+  uint64_t max_in_cpu = 1'000'000'000;
+  bool pipeline_read = false, pipeline_write = false;  // offload_optimizer only
+  double ratio = 1.0;                                   // offload_optimizer only
+};
+
+struct ZeroConfig {
+  int stage = 3;
+  OffloadConfig offload_param, offload_optimizer;
+  bool overlap_comm = true;
+  uint64_t reduce_bucket_size = 500'000'000;
+  uint64_t allgather_bucket_size = 500'000'000;
+  uint64_t prefetch_bucket_size = 50'000'000;
+  uint64_t max_live_parameters = 1'000'000'000;
+  uint64_t max_reuse_distance = 1'000'000'000;
+  uint64_t param_persistence_threshold = 100'000;
+  uint64_t sub_group_size = 1'000'000'000;
+};
+
+struct ActivationCheckpointingConfig {
+  bool partition_activations = false;
+  bool cpu_checkpointing = false;
+  int number_checkpoints = 0;     // 0 = every layer (strata checkpoints each layer's input)
+};
+
+struct AioConfig {
+  uint64_t block_size = 1 << 20;
+  int queue_depth = 8;
+  int intra_op_parallelism = 1;
+  bool single_submit = false;
+  bool overlap_events = true;
+};
+
+struct ModelConfig {
+  int n_layer = 4;
+  int n_embd = 128;
+  int n_head = 4;
+  int vocab_size = 256;
+  int seq_len = 128;
+};
+
+struct DataConfig {
+  std::string path;               // text (byte tokens) or llm.c/nanoGPT uint16 token file
+  std::string format = "auto";    // auto | text | tokens
+  std::string val_path;           // held-out file; empty = split off the tail of `path`
+  double val_fraction = 0.05;
+  std::string sampling = "random";  // random | sequential
+  uint64_t seed = 1337;
+};
+
+struct TrainerConfig {
+  int64_t steps = 40;
+  uint64_t seed = 1234;
+  int64_t eval_interval = 0;      // steps between validation losses; 0 = only at the end
+  int eval_batches = 4;
+};
+
+struct Config {
+  std::string source;             // file name for messages
+  int64_t train_batch_size = 0;
+  int64_t micro_batch = 0;        // train_micro_batch_size_per_gpu
+  int64_t grad_accum = 0;         // gradient_accumulation_steps
+  int world_size = 1;
+  Fp16Config fp16;
+  bool bf16 = false;
+  OptimizerConfig optimizer;
+  SchedulerConfig scheduler;
+  double gradient_clipping = 0;   // 0 = off
+  ZeroConfig zero;
+  ActivationCheckpointingConfig activation_checkpointing;
+  AioConfig aio;
+  int64_t steps_per_print = 10;
+  bool wall_clock_breakdown = false;
+  ModelConfig model;
+  DataConfig data;
+  TrainerConfig trainer;
+
+  // "bf16", "fp16" or "fp32".
+  std::string precision() const { return bf16 ? "bf16" : fp16.enabled ? "fp16" : "fp32"; }
+};
+
+// Parses `j` (the whole config). Warnings for accepted-but-ignored DeepSpeed
+// keys are appended to `warnings`. `world_size` comes from the launcher.
+Result<Config> ParseConfig(const nlohmann::json& j, const std::string& source, int world_size,
+                           std::vector<std::string>* warnings);
+
+// Reads and parses a file; JSON syntax errors name the file, line and column.
+Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings);
+
+// The built-in default: the small GPT on the bundled corpus (`make run`).
+Config DefaultConfig();
+
+// Levenshtein distance (for "did you mean" suggestions).
+size_t EditDistance(const std::string& a, const std::string& b);
+
+}  // namespace strata
