@@ -1,0 +1,88 @@
+// The placement planner: given the model, the batch and the budgets, decide
+// where each kind of training state lives and how deep to prefetch, before
+// anything is allocated.
+//
+// State kinds and their sizes (P = parameters, per layer and for the
+// embedding; B×T tokens per micro-batch; A micro-batches per step):
+//   params       P × 2 B (bf16/fp16) or 4 B (fp32)        GPU | host | NVMe
+//   grads        P × 4 B (fp32 accumulation)               GPU | host
+//   optimizer    P × 12 B (fp32 master, m, v)              GPU | host | NVMe
+//   checkpoints  L × A × B×T×C × dtype (each layer's input) GPU | host
+// plus the GPU working set: one layer's recompute scratch, the gradient
+// accumulator of one layer (fp32), the parameter buffers of the layers in
+// flight (prefetch depth + 1), the residual-stream gradients of the A
+// micro-batches, and the head's logits chunk.
+//
+// Policy: keep on the GPU whatever fits, demoting in this order when it does
+// not: optimizer state, then checkpoints, then gradients, then parameters
+// (streamed layer by layer). On the host likewise, with NVMe for optimizer
+// state and parameters. A device forced by the config (offload_*.device
+// "cpu"/"nvme") is honoured. An impossible plan fails before anything is
+// allocated, naming the budget that is short and by how much.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tiers/status.h"
+#include "tiers/tier_kind.h"
+
+namespace strata {
+
+struct PlanInputs {
+  // Model.
+  int64_t n_layer = 0;
+  uint64_t layer_params = 0;       // parameters of one transformer block
+  uint64_t embedding_params = 0;   // wte (padded vocab) + wpe
+  uint64_t final_params = 0;       // ln_f
+  uint64_t param_bytes = 2;        // bytes per parameter in the compute dtype
+  uint64_t checkpoint_bytes = 0;   // one layer input for one micro-batch (B×T×C×dtype)
+  int64_t grad_accum = 1;          // micro-batches per step
+  // GPU working set pieces that do not depend on the plan.
+  uint64_t layer_workspace = 0;    // recompute + backward scratch of one block
+  uint64_t head_workspace = 0;     // final LN + logits chunk + loss scratch
+  uint64_t fixed_gpu = 0;          // tokens, targets, norms, misc
+  // Budgets.
+  uint64_t gpu_budget = 0;
+  uint64_t host_budget = 0;
+  bool have_nvme = false;
+  // Requests from the config: "none" (planner decides), "cpu", "nvme".
+  std::string offload_param = "none";
+  std::string offload_optimizer = "none";
+  bool cpu_checkpointing = false;  // activation_checkpointing.cpu_checkpointing
+  int prefetch_depth = 0;          // 0 = as deep as the GPU budget allows, up to 4
+  // Optimizer state on NVMe moves in chunks of at most this many parameters
+  // (DeepSpeed's sub_group_size): three chunks in host memory at a time
+  // (read-ahead, updating, write-behind).
+  uint64_t optimizer_chunk_params = 16ull << 20;
+  bool layer_major = true;         // all micro-batches through a layer before the next
+};
+
+struct Plan {
+  TierKind params = TierKind::kGpu;
+  TierKind grads = TierKind::kGpu;
+  TierKind optimizer = TierKind::kGpu;
+  TierKind checkpoints = TierKind::kGpu;
+  bool params_resident = true;     // all layers' params stay on the GPU
+  int prefetch_depth = 1;
+  bool layer_major = true;
+
+  // Bytes per tier per kind of state.
+  struct Row {
+    std::string kind;
+    uint64_t gpu = 0, host = 0, nvme = 0;
+  };
+  std::vector<Row> rows;
+  uint64_t gpu_total = 0, host_total = 0, nvme_total = 0;
+
+  // Expected bytes per optimizer step over each link.
+  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
+
+  // The plan as a table (what `strata train --dry-run` prints).
+  std::string Table(uint64_t gpu_budget, uint64_t host_budget) const;
+};
+
+Result<Plan> MakePlan(const PlanInputs& in);
+
+}  // namespace strata
