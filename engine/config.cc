@@ -655,6 +655,96 @@ Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<s
   return ParseConfig(j, path, world_size, warnings);
 }
 
+nlohmann::json ConfigToJson(const Config& c) {
+  auto offload = [](const OffloadConfig& o, bool optimizer) {
+    json j = {{"device", o.device}, {"pin_memory", o.pin_memory}, {"buffer_count", o.buffer_count}};
+    if (!o.nvme_path.empty()) j["nvme_path"] = o.nvme_path;
+    if (optimizer) {
+      j["pipeline_read"] = o.pipeline_read;
+      j["pipeline_write"] = o.pipeline_write;
+      j["ratio"] = o.ratio;
+    } else {
+      j["buffer_size"] = o.buffer_size;
+      j["max_in_cpu"] = o.max_in_cpu;
+    }
+    return j;
+  };
+  json sched = json::object();
+  if (!c.scheduler.type.empty()) {
+    json params = json::object();
+    for (const auto& [k, v] : c.scheduler.params) params[k] = v;
+    sched = {{"type", c.scheduler.type}, {"params", params}};
+  }
+  json j = {
+      {"train_batch_size", c.train_batch_size},
+      {"train_micro_batch_size_per_gpu", c.micro_batch},
+      {"gradient_accumulation_steps", c.grad_accum},
+      {"fp16",
+       {{"enabled", c.fp16.enabled},
+        {"loss_scale", c.fp16.loss_scale},
+        {"initial_scale_power", c.fp16.initial_scale_power},
+        {"loss_scale_window", c.fp16.loss_scale_window},
+        {"hysteresis", c.fp16.hysteresis},
+        {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
+        {"min_loss_scale", c.fp16.min_loss_scale}}},
+      {"bf16", {{"enabled", c.bf16}}},
+      {"optimizer",
+       {{"type", c.optimizer.type},
+        {"params",
+         {{"lr", c.optimizer.lr},
+          {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
+          {"eps", c.optimizer.eps},
+          {"weight_decay", c.optimizer.weight_decay},
+          {"adam_w_mode", c.optimizer.adam_w_mode},
+          {"bias_correction", c.optimizer.bias_correction}}}}},
+      {"gradient_clipping", c.gradient_clipping},
+      {"zero_optimization",
+       {{"stage", c.zero.stage},
+        {"offload_param", offload(c.zero.offload_param, false)},
+        {"offload_optimizer", offload(c.zero.offload_optimizer, true)},
+        {"overlap_comm", c.zero.overlap_comm},
+        {"reduce_bucket_size", c.zero.reduce_bucket_size},
+        {"allgather_bucket_size", c.zero.allgather_bucket_size},
+        {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
+        {"stage3_max_live_parameters", c.zero.max_live_parameters},
+        {"stage3_max_reuse_distance", c.zero.max_reuse_distance},
+        {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
+        {"sub_group_size", c.zero.sub_group_size}}},
+      {"activation_checkpointing",
+       {{"partition_activations", c.activation_checkpointing.partition_activations},
+        {"cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing},
+        {"number_checkpoints", c.activation_checkpointing.number_checkpoints}}},
+      {"aio",
+       {{"block_size", c.aio.block_size},
+        {"queue_depth", c.aio.queue_depth},
+        {"intra_op_parallelism", c.aio.intra_op_parallelism},
+        {"single_submit", c.aio.single_submit},
+        {"overlap_events", c.aio.overlap_events}}},
+      {"steps_per_print", c.steps_per_print},
+      {"wall_clock_breakdown", c.wall_clock_breakdown},
+      {"model",
+       {{"n_layer", c.model.n_layer},
+        {"n_embd", c.model.n_embd},
+        {"n_head", c.model.n_head},
+        {"vocab_size", c.model.vocab_size},
+        {"seq_len", c.model.seq_len}}},
+      {"data",
+       {{"path", c.data.path},
+        {"format", c.data.format},
+        {"val_path", c.data.val_path},
+        {"val_fraction", c.data.val_fraction},
+        {"sampling", c.data.sampling},
+        {"seed", c.data.seed}}},
+      {"trainer",
+       {{"steps", c.trainer.steps},
+        {"seed", c.trainer.seed},
+        {"eval_interval", c.trainer.eval_interval},
+        {"eval_batches", c.trainer.eval_batches}}},
+  };
+  if (!sched.empty()) j["scheduler"] = sched;
+  return j;
+}
+
 Config DefaultConfig() {
   Config c;
   c.source = "(built-in default)";

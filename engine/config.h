@@ -145,6 +145,10 @@ Result<Config> ParseConfig(const nlohmann::json& j, const std::string& source, i
 // Reads and parses a file; JSON syntax errors name the file, line and column.
 Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings);
 
+// The effective configuration as DeepSpeed-style JSON (what checkpoints
+// record); ParseConfig of the result gives the same Config back.
+nlohmann::json ConfigToJson(const Config& c);
+
 // The built-in default: the small GPT on the bundled corpus (`make run`).
 Config DefaultConfig();
 

@@ -165,3 +165,28 @@ TEST(Config, EditDistance) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+TEST(Config, JsonRoundTrip) {
+  std::vector<std::string> w;
+  ASSERT_OK_AND_ASSIGN(Config a, Parse(R"({"train_batch_size": 16, "train_micro_batch_size_per_gpu": 2,
+    "bf16": {"enabled": true}, "gradient_clipping": 0.5,
+    "optimizer": {"type": "Adam", "params": {"lr": 2e-4, "betas": [0.8, 0.9], "adam_w_mode": false}},
+    "scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 5, "warmup_type": "linear"}},
+    "zero_optimization": {"offload_optimizer": {"device": "nvme", "nvme_path": "/x"}},
+    "model": {"n_layer": 3, "n_embd": 96, "n_head": 3}})", &w));
+  json j = ConfigToJson(a);
+  std::vector<std::string> w2;
+  ASSERT_OK_AND_ASSIGN(Config b, ParseConfig(j, "round-trip", 1, &w2));
+  EXPECT_TRUE(w2.empty());
+  EXPECT_EQ(ConfigToJson(b), j);
+  EXPECT_EQ(b.grad_accum, 8);
+  EXPECT_FALSE(b.optimizer.adam_w_mode);
+  EXPECT_EQ(b.scheduler.params.at("warmup_type"), "linear");
+  EXPECT_EQ(b.zero.offload_optimizer.nvme_path, "/x");
+}
+
+}  // namespace
+}  // namespace strata
