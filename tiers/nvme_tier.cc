@@ -50,11 +50,11 @@ namespace strata {
 
 namespace {
 
-constexpr uint64_t kAlign = 4096;              // O_DIRECT alignment of offsets, lengths, buffers
-constexpr unsigned kBufferSlots = 64;          // registered-buffer table size per ring
-constexpr uint64_t kMaxSlotBytes = 1ull << 30; // the kernel's limit for one registered buffer
-constexpr uint32_t kMaxRetries = 16;           // -EAGAIN/-EINTR retries of one piece
-constexpr uint64_t kWakeTag = ~0ull;           // user_data of the eventfd read
+constexpr uint64_t kAlign = 4096;               // O_DIRECT alignment of offsets, lengths, buffers
+constexpr unsigned kBufferSlots = 64;           // registered-buffer table size per ring
+constexpr uint64_t kMaxSlotBytes = 1ull << 30;  // the kernel's limit for one registered buffer
+constexpr uint32_t kMaxRetries = 16;            // -EAGAIN/-EINTR retries of one piece
+constexpr uint64_t kWakeTag = ~0ull;            // user_data of the eventfd read
 constexpr int kMaxRings = 64;
 constexpr uint32_t kMaxQueueDepth = 16384;
 
@@ -105,10 +105,10 @@ struct Part {
   char* buf = nullptr;
   uint64_t bytes = 0;
 
-  uint64_t next = 0;     // bytes already cut into pieces (== bytes: nothing left to cut)
-  uint32_t active = 0;   // pieces cut and not finished (in flight or waiting to be re-queued)
-  bool queued = false;   // in the ring's pending list
-  Status error;          // the error at the lowest offset of this part (see ErrorBefore)
+  uint64_t next = 0;    // bytes already cut into pieces (== bytes: nothing left to cut)
+  uint32_t active = 0;  // pieces cut and not finished (in flight or waiting to be re-queued)
+  bool queued = false;  // in the ring's pending list
+  Status error;         // the error at the lowest offset of this part (see ErrorBefore)
 };
 
 // A caller's Read or Write.
@@ -120,7 +120,7 @@ struct Transfer {
   uint64_t bytes = 0;
   IoCallback done;
   uint64_t start_ns = 0;
-  Status early;                      // a validation error: no I/O is done
+  Status early;  // a validation error: no I/O is done
   std::vector<Part> parts;
   // The ring finishing the last part completes the transfer. acq_rel: that
   // ring's acquire sees every other ring's writes to its Part (released by
@@ -220,7 +220,9 @@ class Ring {
     return Status::OK();
   }
 
-  void Start() { thread_ = std::thread([this] { Run(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
 
   void Enqueue(Part* p) {
     bool was_empty;
@@ -404,9 +406,9 @@ class Ring {
       return;
     }
     if (op.len == 0 || op.len > want || (f.direct && op.len % kAlign != 0)) {
-      SetPartError(part, Internal("IoEnv::PrepareIo left an invalid length " +
-                                  std::to_string(op.len) + " (wanted at most " +
-                                  std::to_string(want) + ")"));
+      SetPartError(part,
+                   Internal("IoEnv::PrepareIo left an invalid length " + std::to_string(op.len) +
+                            " (wanted at most " + std::to_string(want) + ")"));
       FinishPiece(p);
       return;
     }
@@ -453,8 +455,7 @@ class Ring {
       // first). Reap what is there; if nothing is, back off briefly.
       if (io_uring_cq_ready(&ring_) == 0) {
         if (++busy_rounds_ > 20000) {  // about 2 s
-          Fail(IoError("io_uring keeps refusing submissions on NVMe ring " +
-                           std::to_string(index_),
+          Fail(IoError("io_uring keeps refusing submissions on NVMe ring " + std::to_string(index_),
                        -r));
           return;
         }
@@ -506,9 +507,10 @@ class Ring {
     const SwapFile& f = host_->file(part->file);
     const char* what = op.write ? "NVMe write" : "NVMe read";
     auto end_of_file = [&](uint64_t at) {
-      return DataLoss("NVMe read found the end of the file inside the extent: the swap file is "
-                      "shorter than what was written to it (truncated by someone else?)",
-                      f.path, at);
+      return DataLoss(
+          "NVMe read found the end of the file inside the extent: the swap file is "
+          "shorter than what was written to it (truncated by someone else?)",
+          f.path, at);
     };
     Status error;
     if (res < 0) {
@@ -524,14 +526,14 @@ class Ring {
         retry_.push_back(p);
         return;
       }
-      error = IoError(std::string(what) + " of " + std::to_string(op.len) + " bytes failed" +
-                          (p->retries ? " after " + std::to_string(p->retries) + " retries"
-                                      : std::string()),
-                      err, f.path, op.offset);
+      error = IoError(
+          std::string(what) + " of " + std::to_string(op.len) + " bytes failed" +
+              (p->retries ? " after " + std::to_string(p->retries) + " retries" : std::string()),
+          err, f.path, op.offset);
     } else if (res == 0) {
-      error = op.write ? IoError("NVMe write made no progress (0 bytes written)", EIO, f.path,
-                                 op.offset)
-                       : end_of_file(op.offset);
+      error = op.write
+                  ? IoError("NVMe write made no progress (0 bytes written)", EIO, f.path, op.offset)
+                  : end_of_file(op.offset);
     } else if (static_cast<uint32_t>(res) > op.len) {
       error = Internal(std::string(what) + " returned " + std::to_string(res) +
                        " bytes for a request of " + std::to_string(op.len));
@@ -542,9 +544,10 @@ class Ring {
         if (f.direct && at % kAlign != 0) {
           // Direct I/O cannot go on from an unaligned offset. For a read this
           // only happens where a file that was cut short now ends.
-          error = op.write ? IoError("NVMe write stopped at an unaligned offset; direct I/O "
-                                     "cannot continue",
-                                     EIO, f.path, at)
+          error = op.write ? IoError(
+                                 "NVMe write stopped at an unaligned offset; direct I/O "
+                                 "cannot continue",
+                                 EIO, f.path, at)
                            : end_of_file(at);
         } else if (!draining) {
           short_requeued.fetch_add(1, std::memory_order_relaxed);
@@ -623,13 +626,13 @@ class Ring {
   // Ring-thread state.
   uint64_t wake_value_ = 0;  // the eventfd read lands here
   std::vector<Part*> taken_;
-  std::deque<Part*> pending_;   // parts with pieces left to cut
-  std::deque<Piece*> retry_;    // pieces to submit again (short transfer, EAGAIN)
+  std::deque<Part*> pending_;  // parts with pieces left to cut
+  std::deque<Piece*> retry_;   // pieces to submit again (short transfer, EAGAIN)
   std::vector<std::unique_ptr<Piece>> pool_;
   std::vector<Piece*> free_;
-  uint32_t inflight_ = 0;       // pieces in the ring (SQ or kernel)
+  uint32_t inflight_ = 0;  // pieces in the ring (SQ or kernel)
   uint32_t busy_rounds_ = 0;
-  Status failed_;               // sticky: the ring is unusable
+  Status failed_;  // sticky: the ring is unusable
 };
 
 }  // namespace
@@ -669,7 +672,7 @@ struct NvmeTier::Impl final : RingHost {
 
   mutable std::mutex reg_mu_;  // never held while mu_ is wanted, and vice versa
   std::map<uintptr_t, Registration> regs_ GUARDED_BY(reg_mu_);  // by base address
-  std::map<uintptr_t, Slot> slots_ GUARDED_BY(reg_mu_);          // by slot start address
+  std::map<uintptr_t, Slot> slots_ GUARDED_BY(reg_mu_);         // by slot start address
   std::vector<bool> slot_used_ GUARDED_BY(reg_mu_);
 
   std::atomic<uint32_t> next_ring_{0};
@@ -703,7 +706,8 @@ struct NvmeTier::Impl final : RingHost {
   // ---- Open -----------------------------------------------------------------------
 
   static Status ValidateOptions(const NvmeOptions& o) {
-    if (o.dirs.empty()) return InvalidArgument("NvmeOptions.dirs is empty: give at least one directory");
+    if (o.dirs.empty())
+      return InvalidArgument("NvmeOptions.dirs is empty: give at least one directory");
     if (o.block_size == 0 || o.block_size % kAlign != 0)
       return InvalidArgument("NvmeOptions.block_size " + std::to_string(o.block_size) +
                              " must be a positive multiple of 4096 (aio.block_size)");
@@ -723,7 +727,7 @@ struct NvmeTier::Impl final : RingHost {
 
   Status OpenFile(const std::string& dir) {
     static std::atomic<uint64_t> seq{0};
-    struct stat st{};
+    struct stat st {};
     int r = io_env->Stat(dir, &st);
     if (r == -ENOENT) return NotFound("NVMe directory '" + dir + "' does not exist");
     if (r < 0) return IoError("cannot stat NVMe directory '" + dir + "'", -r, dir);
@@ -754,8 +758,9 @@ struct NvmeTier::Impl final : RingHost {
       }
       if (fd == -EEXIST && attempt < 100) continue;
       if (fd == -EACCES || fd == -EROFS || fd == -EPERM)
-        return IoError("NVMe directory '" + dir + "' is not writable: cannot create a swap file in it",
-                       -fd, dir);
+        return IoError(
+            "NVMe directory '" + dir + "' is not writable: cannot create a swap file in it", -fd,
+            dir);
       if (fd < 0) return IoError("cannot create NVMe swap file", -fd, path);
       f->fd = fd;
       f->path = path;
@@ -845,8 +850,8 @@ struct NvmeTier::Impl final : RingHost {
       return Extent{fi, *off, aligned};
     }
     if (!first_error.ok()) return first_error;
-    return OutOfMemory(TierKind::kNvme, aligned, 0, "NVMe extent of " + FormatBytes(aligned) +
-                                                        ": no swap file can hold it");
+    return OutOfMemory(TierKind::kNvme, aligned, 0,
+                       "NVMe extent of " + FormatBytes(aligned) + ": no swap file can hold it");
   }
 
   void Free(const Extent& e) {
@@ -988,9 +993,10 @@ struct NvmeTier::Impl final : RingHost {
     for (size_t b = first; b <= last; ++b) {
       const uint64_t file_off = t->extent.offset + b * opt.checksum_block;
       if (state[b - first] == kPoisoned)
-        return DataLoss("NVMe block of the extent was not written completely: an earlier write "
-                        "to it failed",
-                        path, file_off);
+        return DataLoss(
+            "NVMe block of the extent was not written completely: an earlier write "
+            "to it failed",
+            path, file_off);
       if (state[b - first] != kValid || !FullyCovered(t, b)) continue;
       uint64_t got = BlockChecksum(t, b);
       if (got != sums[b - first]) {

@@ -29,7 +29,8 @@ using ::testing::HasSubstr;
 
 class Buf {
  public:
-  explicit Buf(size_t n) : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n, 4096)))) {}
+  explicit Buf(size_t n)
+      : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n, 4096)))) {}
   Buf(size_t n, uint64_t seed) : Buf(n) {
     auto r = testing::RandomBytes(n, seed);
     std::memcpy(p_, r.data(), n);
@@ -108,11 +109,11 @@ class FaultEnv : public IoEnvWrapper {
   }
 };
 
-#define OPEN_OR_SKIP(var, opts)                                              \
-  auto var##_r = NvmeTier::Open(opts);                                       \
-  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable)  \
-    GTEST_SKIP() << var##_r.status().ToString();                             \
-  ASSERT_OK(var##_r.status());                                               \
+#define OPEN_OR_SKIP(var, opts)                                             \
+  auto var##_r = NvmeTier::Open(opts);                                      \
+  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable) \
+    GTEST_SKIP() << var##_r.status().ToString();                            \
+  ASSERT_OK(var##_r.status());                                              \
   std::unique_ptr<NvmeTier> var = std::move(var##_r).value()
 
 // A tier with three 3-MiB extents A, B, C of known data, written before any
@@ -193,7 +194,7 @@ TEST_F(NvmeFault, ReadEioNamesFileOffsetAndErrno) {
   EXPECT_EQ(got.path(), file());
   EXPECT_EQ(got.offset(), bad);
   EXPECT_FALSE(got.retryable());
-  ExpectIntact();  // B too: the injected failure was one read
+  ExpectIntact();              // B too: the injected failure was one read
   EXPECT_EQ(calls.load(), 1);  // exactly once, even with later pieces drained
   EXPECT_EQ(tier_->stats().errors, 1u);
 }
@@ -261,7 +262,9 @@ TEST(NvmeFaultDirs, FallocateEnospcInOneDirectoryUsesTheOther) {
   OPEN_OR_SKIP(tier, o);
   // Both files are empty, so file 0 is tried first: fail only that attempt.
   std::atomic<int> calls{0};
-  env.fallocate = [&](uint64_t, uint64_t) { return calls.fetch_add(1) == 0 ? -ENOSPC : FaultEnv::kForward; };
+  env.fallocate = [&](uint64_t, uint64_t) {
+    return calls.fetch_add(1) == 0 ? -ENOSPC : FaultEnv::kForward;
+  };
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
   EXPECT_EQ(e.file, 1u);
   EXPECT_EQ(calls.load(), 2);
@@ -397,7 +400,9 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
     ASSERT_OK(tier->WriteSync(e, 0, src.back()->data(), kN));
   }
   const uint64_t bad = ext[2].offset + 5 * kMiB + 256 * kKiB;
-  env.complete = [&](const IoOp& op, int32_t res) { return op.offset == bad ? int32_t{-EIO} : res; };
+  env.complete = [&](const IoOp& op, int32_t res) {
+    return op.offset == bad ? int32_t{-EIO} : res;
+  };
   std::vector<std::unique_ptr<Buf>> back;
   std::mutex mu;
   std::condition_variable cv;
@@ -432,7 +437,9 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
 TEST(NvmeFaultOpen, ODirectRefused) {
   TempDir d;
   FaultEnv env;
-  env.open = [](const std::string&, int flags) { return (flags & O_DIRECT) ? -EINVAL : FaultEnv::kForward; };
+  env.open = [](const std::string&, int flags) {
+    return (flags & O_DIRECT) ? -EINVAL : FaultEnv::kForward;
+  };
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
@@ -476,7 +483,8 @@ TEST(NvmeFaultOpen, RealTmpfs) {
       EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
       EXPECT_THAT(r.status().ToString(), HasSubstr("O_DIRECT"));
     } else {
-      EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable)) << "io_uring missing is the only other excuse";
+      EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable))
+          << "io_uring missing is the only other excuse";
     }
   }
   std::filesystem::remove_all(dir);
