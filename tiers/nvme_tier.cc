@@ -676,13 +676,24 @@ struct NvmeTier::Impl final : RingHost {
   std::vector<bool> slot_used_ GUARDED_BY(reg_mu_);
 
   std::atomic<uint32_t> next_ring_{0};
+  // Transfers submitted whose callback has not returned yet. The destructor
+  // waits for zero before stopping the rings, so I/O that callbacks start
+  // while the tier shuts down still finishes. acq_rel on the decrement: the
+  // destructor's acquire sees everything the callbacks did.
+  std::atomic<uint64_t> outstanding_{0};
+  std::mutex drain_mu_;
+  std::condition_variable drain_cv_;
   // Caller-level stats (relaxed: counters).
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, reads_{0}, writes_{0};
   std::atomic<uint64_t> read_ns_{0}, write_ns_{0}, errors_{0}, checksum_failures_{0};
   std::atomic<uint64_t> registered_bytes_{0};
 
   ~Impl() override {
-    for (auto& r : rings_) r->Stop();  // drains every queued and in-flight transfer
+    {
+      std::unique_lock<std::mutex> l(drain_mu_);
+      drain_cv_.wait(l, [&] { return outstanding_.load(std::memory_order_acquire) == 0; });
+    }
+    for (auto& r : rings_) r->Stop();
     rings_.clear();
     for (auto& f : files_) {
       if (f->fd >= 0) io_env->Close(f->fd);
@@ -897,6 +908,7 @@ struct NvmeTier::Impl final : RingHost {
 
   void Submit(bool write, const Extent& e, uint64_t offset, void* buf, uint64_t bytes,
               IoCallback done) {
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
     auto* t = new Transfer;
     t->write = write;
     t->extent = e;
@@ -1039,6 +1051,10 @@ struct NvmeTier::Impl final : RingHost {
     IoCallback done = std::move(t->done);
     delete t;
     if (done) done(std::move(s));
+    if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> l(drain_mu_);
+      drain_cv_.notify_all();
+    }
   }
 
   Status SyncTransfer(bool write, const Extent& e, uint64_t offset, void* buf, uint64_t bytes) {
