@@ -122,6 +122,16 @@ struct Transfer {
   uint64_t start_ns = 0;
   Status early;  // a validation error: no I/O is done
   std::vector<Part> parts;
+  // Checksum blocks touched, [first_block, first_block + sums.size()) of the
+  // extent (only with checksums on). A piece that holds a whole block computes
+  // its checksum as soon as the piece is done, so the work overlaps the I/O
+  // still in flight; each element is written by that one piece's ring and
+  // read by the ring completing the transfer (ordered by parts_left).
+  size_t first_block = 0;
+  std::vector<uint64_t> sums;         // the data's checksum per block
+  std::vector<uint8_t> computed;      // sums[i] is set
+  std::vector<uint8_t> expect_state;  // reads: the blocks' state at submission
+  std::vector<uint64_t> expect;       // reads: the stored checksums at submission
   // The ring finishing the last part completes the transfer. acq_rel: that
   // ring's acquire sees every other ring's writes to its Part (released by
   // their decrement).
@@ -162,6 +172,9 @@ class RingHost {
   virtual const NvmeOptions& options() const = 0;
   // Registered-buffer slot holding [buf, buf + len), or -1.
   virtual int FindSlot(const void* buf, uint64_t len) const = 0;
+  // A piece of `t` at [pos, pos + len) of the transfer is complete (ring
+  // thread). Returns an error (a checksum mismatch) to fail the transfer.
+  virtual Status PieceDone(Transfer* t, uint64_t pos, uint64_t len) = 0;
   // Runs on the ring thread that finished the transfer's last part.
   virtual void CompleteTransfer(Transfer* t) = 0;
 };
@@ -539,6 +552,9 @@ class Ring {
                        " bytes for a request of " + std::to_string(op.len));
     } else {
       p->done += static_cast<uint32_t>(res);
+      if (p->done == p->len && !draining)
+        error = host_->PieceDone(
+            part->t, part->file_offset - part->t->extent.offset - part->t->offset + p->pos, p->len);
       if (p->done < p->len) {
         const uint64_t at = op.offset + static_cast<uint64_t>(res);
         if (f.direct && at % kAlign != 0) {
@@ -881,9 +897,13 @@ struct NvmeTier::Impl final : RingHost {
 
   // ---- Transfers ----------------------------------------------------------------------
 
-  Status Validate(const char* op, const Extent& e, uint64_t offset, const void* buf,
-                  uint64_t bytes) {
-    std::string where = std::string("NvmeTier::") + op + ": ";
+  // Checks a transfer's arguments against the live extents and, with
+  // checksums on, prepares its checksum vectors.
+  Status Validate(Transfer* t) {
+    const Extent& e = t->extent;
+    const uint64_t offset = t->offset, bytes = t->bytes;
+    const void* buf = t->buf;
+    std::string where = std::string("NvmeTier::") + (t->write ? "Write" : "Read") + ": ";
     if (e.file >= files_.size())
       return InvalidArgument(where + "extent names file " + std::to_string(e.file) + " of " +
                              std::to_string(files_.size()));
@@ -903,6 +923,7 @@ struct NvmeTier::Impl final : RingHost {
       return InvalidArgument(where + "extent (file " + std::to_string(e.file) + ", offset " +
                              std::to_string(e.offset) + ", " + std::to_string(e.bytes) +
                              " bytes) is not allocated in this tier");
+    if (opt.checksum != ChecksumKind::kNone && bytes > 0) PrepareChecksums(t, it->second);
     return Status::OK();
   }
 
@@ -917,7 +938,7 @@ struct NvmeTier::Impl final : RingHost {
     t->bytes = bytes;
     t->done = std::move(done);
     t->start_ns = NowNs();
-    t->early = Validate(write ? "Write" : "Read", e, offset, buf, bytes);
+    t->early = Validate(t);
     const uint32_t first_ring = next_ring_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t block = opt.block_size;
     // Whole blocks per part, as evenly as possible over the rings.
@@ -946,78 +967,95 @@ struct NvmeTier::Impl final : RingHost {
       rings_[(first_ring + i) % rings_.size()]->Enqueue(parts[i]);
   }
 
-  // Blocks of the extent touched by [offset, offset + bytes): [first, last].
-  void BlockRange(const Transfer* t, size_t* first, size_t* last) const {
-    *first = t->offset / opt.checksum_block;
-    *last = (t->offset + t->bytes - 1) / opt.checksum_block;
+  // ---- Checksums -----------------------------------------------------------------------
+  //
+  // Block b of an extent is [b * checksum_block, min((b + 1) * checksum_block,
+  // extent bytes)). A transfer verifies (read) or records (write) the blocks
+  // it covers whole; blocks it covers in part become unknown on write.
+
+  uint64_t BlockStart(size_t b) const { return b * opt.checksum_block; }
+  uint64_t BlockEnd(const Transfer* t, size_t b) const {
+    return std::min<uint64_t>(BlockStart(b) + opt.checksum_block, t->extent.bytes);
   }
   bool FullyCovered(const Transfer* t, size_t b) const {
-    uint64_t start = b * opt.checksum_block;
-    uint64_t end = std::min<uint64_t>(start + opt.checksum_block, t->extent.bytes);
-    return start >= t->offset && end <= t->offset + t->bytes;
+    return BlockStart(b) >= t->offset && BlockEnd(t, b) <= t->offset + t->bytes;
   }
   uint64_t BlockChecksum(const Transfer* t, size_t b) const {
-    uint64_t start = b * opt.checksum_block;
-    uint64_t end = std::min<uint64_t>(start + opt.checksum_block, t->extent.bytes);
-    return ComputeChecksum(opt.checksum, t->buf + (start - t->offset), end - start);
+    return ComputeChecksum(opt.checksum, t->buf + (BlockStart(b) - t->offset),
+                           BlockEnd(t, b) - BlockStart(b));
+  }
+  Status Mismatch(const Transfer* t, size_t b, uint64_t stored, uint64_t read) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    return DataLoss("NVMe checksum mismatch (" + std::string(ChecksumName(opt.checksum)) +
+                        "): the block read back is not what was written (stored " + Hex(stored) +
+                        ", read " + Hex(read) + "); the swap file was modified or corrupted",
+                    files_[t->extent.file]->path, t->extent.offset + BlockStart(b));
   }
 
-  void RecordChecksums(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::vector<std::pair<size_t, uint64_t>> sums;
-    for (size_t b = first; b <= last; ++b)
-      if (FullyCovered(t, b)) sums.emplace_back(b, BlockChecksum(t, b));
+  // Sizes the transfer's checksum vectors; for a read, snapshots the blocks'
+  // state and stored checksums. Requires mu_ and a live extent `info`.
+  void PrepareChecksums(Transfer* t, const ExtentInfo& info) REQUIRES(mu_) {
+    const size_t first = t->offset / opt.checksum_block;
+    const size_t last = (t->offset + t->bytes - 1) / opt.checksum_block;
+    const size_t n = last - first + 1;
+    t->first_block = first;
+    t->sums.assign(n, 0);
+    t->computed.assign(n, 0);
+    if (!t->write) {
+      t->expect_state.assign(info.state.begin() + first, info.state.begin() + last + 1);
+      t->expect.assign(info.sums.begin() + first, info.sums.begin() + last + 1);
+    }
+  }
+
+  Status PieceDone(Transfer* t, uint64_t pos, uint64_t len) override {
+    if (t->sums.empty()) return Status::OK();
+    const uint64_t lo = t->offset + pos, hi = lo + len;  // within the extent
+    for (size_t b = (lo + opt.checksum_block - 1) / opt.checksum_block;
+         BlockEnd(t, b) <= hi && BlockStart(b) < hi; ++b) {
+      const size_t i = b - t->first_block;
+      t->sums[i] = BlockChecksum(t, b);
+      t->computed[i] = 1;
+      if (!t->write && t->expect_state[i] == kValid && t->expect[i] != t->sums[i])
+        return Mismatch(t, b, t->expect[i], t->sums[i]);
+    }
+    return Status::OK();
+  }
+
+  // The blocks no piece held whole are done here; then a write publishes its
+  // checksums, a read checks what it has not checked yet.
+  Status FinishChecksums(Transfer* t, bool ok) {
+    const size_t n = t->sums.size();
+    if (ok)
+      for (size_t i = 0; i < n; ++i)
+        if (!t->computed[i] && FullyCovered(t, t->first_block + i)) {
+          t->sums[i] = BlockChecksum(t, t->first_block + i);
+          t->computed[i] = 1;
+          if (!t->write && t->expect_state[i] == kValid && t->expect[i] != t->sums[i])
+            return Mismatch(t, t->first_block + i, t->expect[i], t->sums[i]);
+        }
+    if (!t->write) {
+      if (!ok) return Status::OK();
+      for (size_t i = 0; i < n; ++i)
+        if (t->expect_state[i] == kPoisoned)
+          return DataLoss(
+              "NVMe block of the extent was not written completely: an earlier write to it "
+              "failed",
+              files_[t->extent.file]->path, t->extent.offset + BlockStart(t->first_block + i));
+      return Status::OK();
+    }
     std::lock_guard<std::mutex> l(mu_);
     auto it = live_.find(Key(t->extent.file, t->extent.offset));
-    if (it == live_.end()) return;  // freed meanwhile
+    if (it == live_.end()) return Status::OK();  // freed meanwhile
     ExtentInfo& info = it->second;
-    for (size_t b = first; b <= last; ++b)
-      if (info.state[b] != kPoisoned) info.state[b] = kUnknown;  // partial: no longer known
-    for (auto& [b, sum] : sums) {
-      info.state[b] = kValid;
-      info.sums[b] = sum;
-    }
-  }
-
-  void PoisonBlocks(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = live_.find(Key(t->extent.file, t->extent.offset));
-    if (it == live_.end()) return;
-    for (size_t b = first; b <= last; ++b) it->second.state[b] = kPoisoned;
-  }
-
-  Status VerifyChecksums(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::vector<uint8_t> state;
-    std::vector<uint64_t> sums;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = live_.find(Key(t->extent.file, t->extent.offset));
-      if (it == live_.end()) return Status::OK();
-      state.assign(it->second.state.begin() + first, it->second.state.begin() + last + 1);
-      sums.assign(it->second.sums.begin() + first, it->second.sums.begin() + last + 1);
-    }
-    const std::string& path = files_[t->extent.file]->path;
-    for (size_t b = first; b <= last; ++b) {
-      const uint64_t file_off = t->extent.offset + b * opt.checksum_block;
-      if (state[b - first] == kPoisoned)
-        return DataLoss(
-            "NVMe block of the extent was not written completely: an earlier write "
-            "to it failed",
-            path, file_off);
-      if (state[b - first] != kValid || !FullyCovered(t, b)) continue;
-      uint64_t got = BlockChecksum(t, b);
-      if (got != sums[b - first]) {
-        checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-        return DataLoss("NVMe checksum mismatch (" + std::string(ChecksumName(opt.checksum)) +
-                            "): the block read back is not what was written (stored " +
-                            Hex(sums[b - first]) + ", read " + Hex(got) +
-                            "); the swap file was modified or corrupted",
-                        path, file_off);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = t->first_block + i;
+      if (!ok) {
+        info.state[b] = kPoisoned;  // what reached the disk is unknown
+      } else if (t->computed[i]) {
+        info.state[b] = kValid;
+        info.sums[b] = t->sums[i];
+      } else if (info.state[b] != kPoisoned) {
+        info.state[b] = kUnknown;  // written in part: no longer known
       }
     }
     return Status::OK();
@@ -1028,14 +1066,9 @@ struct NvmeTier::Impl final : RingHost {
     if (s.ok())
       for (const Part& p : t->parts)
         if (ErrorBefore(p.error, s)) s = p.error;
-    if (t->early.ok() && opt.checksum != ChecksumKind::kNone && t->bytes > 0) {
-      if (!s.ok()) {
-        if (t->write) PoisonBlocks(t);
-      } else if (t->write) {
-        RecordChecksums(t);
-      } else {
-        s = VerifyChecksums(t);
-      }
+    if (!t->sums.empty()) {
+      Status c = FinishChecksums(t, s.ok());
+      if (s.ok()) s = c;
     }
     const uint64_t ns = NowNs() - t->start_ns;
     if (t->write) {

@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <tuple>
 
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
@@ -625,14 +626,19 @@ TEST_F(NvmeFault, DeletedFileKeepsWorkingUntilClosed) {
   tier_.reset();
 }
 
-class NvmeCorruption : public NvmeFault, public ::testing::WithParamInterface<ChecksumKind> {};
+// (checksum, block size): 1 MiB pieces hold whole 256 KiB checksum blocks
+// (checked as each piece lands); 64 KiB pieces do not (checked at the end).
+using CorruptionParam = std::tuple<ChecksumKind, uint32_t>;
+class NvmeCorruption : public NvmeFault, public ::testing::WithParamInterface<CorruptionParam> {};
 
 // Garbage written into the file with an ordinary descriptor: with checksums
 // on, reading the block is DataLoss naming the file and the block's offset;
 // reads that do not cover the block, and the other extents, are fine.
 TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
+  const ChecksumKind kind = std::get<0>(GetParam());
   NvmeOptions o;
-  o.checksum = GetParam();
+  o.checksum = kind;
+  o.block_size = std::get<1>(GetParam());
   o.checksum_block = 256 * kKiB;
   ASSERT_NO_FATAL_FAILURE(OpenTier(o));
   SKIP_IF_NO_TIER();
@@ -652,7 +658,7 @@ TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
   EXPECT_EQ(s.path(), file());
   EXPECT_EQ(s.offset(), block);
   EXPECT_THAT(s.ToString(), HasSubstr("checksum mismatch"));
-  EXPECT_THAT(s.ToString(), HasSubstr(std::string(ChecksumName(GetParam()))));
+  EXPECT_THAT(s.ToString(), HasSubstr(std::string(ChecksumName(kind))));
   EXPECT_EQ(tier_->stats().checksum_failures, 1u);
   // The first two blocks of B are still good.
   Buf head(512 * kKiB);
@@ -661,9 +667,16 @@ TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
   ExpectIntact(1);
 }
 
+std::string CorruptionName(const ::testing::TestParamInfo<CorruptionParam>& info) {
+  return std::string(ChecksumName(std::get<0>(info.param))) + "_bs" +
+         std::to_string(std::get<1>(info.param) / 1024) + "k";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, NvmeCorruption,
-                         ::testing::Values(ChecksumKind::kCrc32c, ChecksumKind::kXxh64),
-                         [](const auto& info) { return std::string(ChecksumName(info.param)); });
+                         ::testing::Combine(::testing::Values(ChecksumKind::kCrc32c,
+                                                              ChecksumKind::kXxh64),
+                                            ::testing::Values(1024u * 1024, 64u * 1024)),
+                         CorruptionName);
 
 // A failed write leaves the blocks it touched unknown on disk: with checksums
 // on, reading them is DataLoss until they are written again.
