@@ -62,6 +62,9 @@
 // (tiers/half.h is the reference; the native vcvtneps2bf16, which flushes
 // subnormal inputs, is bypassed for those inputs). So all paths, and any
 // thread count, give bitwise identical results; the tests demand equality.
+// (NaN results are NaN everywhere, but their payload bits are not part of
+// the contract: x86 propagates an input NaN's payload, the GPU writes a
+// canonical NaN.)
 // ComputeGradStats sums in fp64 over a fixed decomposition (64 Ki-element
 // tiles, 16 interleaved lanes per tile, lanes and tiles summed in index
 // order) that does not depend on the path or the thread count either.

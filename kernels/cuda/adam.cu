@@ -20,6 +20,10 @@
 #include "kernels/adam_gpu.h"
 #include "tiers/cuda_check.h"
 
+#ifdef __USE_FAST_MATH__
+#error "kernels/cuda/adam.cu must not be built with --use_fast_math: it must match the CPU Adam bit for bit"
+#endif
+
 namespace strata::kernels {
 
 namespace {

@@ -122,6 +122,36 @@ struct ShardData {
     return s;
   }
 
+  // Equality of everything a step writes, bit for bit except that any two
+  // NaNs of a format are equal: NaN payloads are not part of the contract
+  // (the GPU produces canonical NaNs, x86 propagates an input's payload).
+  bool SameValues(const ShardData& o, std::string* where) const {
+    auto nan32 = [](const uint8_t* b, size_t i) {
+      uint32_t u;
+      std::memcpy(&u, b + 4 * i, 4);
+      return (u & 0x7fffffffu) > 0x7f800000u;
+    };
+    auto nan16 = [](DType t, const uint8_t* b, size_t i) {
+      uint16_t h = Bits16(b, i);
+      return t == DType::kF16 ? (h & 0x7fffu) > 0x7c00u : (h & 0x7fffu) > 0x7f80u;
+    };
+    auto cmp = [&](DType t, const uint8_t* a, const uint8_t* b, const char* name) {
+      size_t es = DTypeSize(t);
+      for (size_t i = 0; i < n; ++i) {
+        if (std::memcmp(a + i * es, b + i * es, es) == 0) continue;
+        bool both_nan = es == 4 ? nan32(a, i) && nan32(b, i) : nan16(t, a, i) && nan16(t, b, i);
+        if (both_nan) continue;
+        *where = std::string(name) + " differs at element " + std::to_string(i);
+        return false;
+      }
+      return true;
+    };
+    return cmp(DType::kF32, reinterpret_cast<const uint8_t*>(master.data()),
+               reinterpret_cast<const uint8_t*>(o.master.data()), "master") &&
+           cmp(cfg.state, m.data(), o.m.data(), "exp_avg") && cmp(cfg.state, v.data(), o.v.data(), "exp_avg_sq") &&
+           (!cfg.has_out || cmp(cfg.out, out(), o.out(), "param_out"));
+  }
+
   // Byte-wise equality of everything a step writes.
   bool SameState(const ShardData& o, std::string* where) const {
     auto cmp = [&](const void* a, const void* b, size_t bytes, const char* name) {
