@@ -37,7 +37,9 @@
 //                  "no decay" when decay_step_size == 0 or the rate is 0.
 //                  With cycle_momentum DeepSpeed also sets beta2 = 0.99; so
 //                  does LrValue. The stair counts are accepted and unused, as
-//                  in DeepSpeed.
+//                  in DeepSpeed. decay_mom_rate > 0 grows beta1 without bound
+//                  (DeepSpeed does not cap it); once it reaches 1 the Adam
+//                  step rejects it (AdamHyper::Validate).
 // Constant:        lr at every step (no "scheduler" section).
 //
 // Thread-safety: an LrSchedule is an immutable value.
