@@ -11,6 +11,7 @@
 // result is still within the float64 reference's tolerance, to tell a
 // rounding difference from a bug.
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 

@@ -3,8 +3,11 @@
 // STRATA_GPT2_REF) holds every parameter of a tiny GPT-2, its gradient and
 // the parameter after one AdamW step computed in float64 by PyTorch, with the
 // hyperparameters in the metadata key "adamw".
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <string>
 
 #include <nlohmann/json.hpp>

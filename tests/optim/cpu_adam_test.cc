@@ -3,6 +3,7 @@
 // clip, weight decay modes, bias correction, conversions, argument errors.
 #include "optim/cpu_adam.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -147,11 +148,6 @@ TEST(CpuAdamThreads, OneTwoAndManyThreadsAgreeBitwise) {
 }
 
 // ---- non-finite gradients ------------------------------------------------------
-
-struct BadGrad {
-  DType dtype;
-  std::vector<uint16_t> bits16;  // for f16/bf16: +inf, NaN, -inf
-};
 
 void PoisonGradient(ShardData& d, const std::vector<size_t>& where) {
   const float specials[] = {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
