@@ -1,0 +1,26 @@
+#include "optim/gpu_adam.h"
+
+#include "kernels/adam_gpu.h"
+
+namespace strata::optim {
+
+Status GpuAdamStep(const AdamShard& s, const AdamHyper& hyper, double grad_scale, void* stream,
+                   uint64_t* device_nonfinite_count) {
+  RETURN_IF_ERROR(s.Validate());
+  ASSIGN_OR_RETURN(const kernels::AdamCoefficients c, MakeAdamCoefficients(hyper, grad_scale));
+  if (s.n == 0) return Status::OK();
+  kernels::AdamGpuShard g;
+  g.n = static_cast<int64_t>(s.n);
+  g.master = s.master;
+  g.exp_avg = s.exp_avg;
+  g.exp_avg_sq = s.exp_avg_sq;
+  g.state_dtype = s.state_dtype;
+  g.grad = s.grad;
+  g.grad_dtype = s.grad_dtype;
+  g.param_out = s.param_out;
+  g.param_out_dtype = s.param_out_dtype;
+  g.nonfinite_count = device_nonfinite_count;
+  return kernels::LaunchAdamGpu(g, c, stream);
+}
+
+}  // namespace strata::optim
