@@ -3,9 +3,9 @@
 // Forward: one warp per row; mean and variance in fp32 (two passes over the
 // row, which stays in L1), y written in the storage dtype, mean/rstd saved.
 // Backward: one warp per row for dx (accumulated, as the interface says), and
-// a separate column reduction for dweight/dbias: blocks of 64 columns x a
-// slice of rows write fp32 partials to scratch, then one pass sums the slices
-// in order. No float atomics: bitwise deterministic.
+// a separate column reduction for dweight/dbias: blocks of 32 lanes x 16-byte
+// column groups x a slice of rows write fp32 partials to scratch, then one
+// pass sums the slices in order. No float atomics: bitwise deterministic.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -123,60 +123,60 @@ __global__ void layernorm_backward_dx_kernel(T* dx, const T* __restrict__ dy,
   }
 }
 
-constexpr int kColTile = 64;  // columns per block of the parameter-gradient reduction
-constexpr int kRowWarps = 8;  // warps per block, each walking its own rows
+constexpr int kRowWarps = 8;  // warps per block of the parameter-gradient reduction
 
 // partial: (2, S, C) f32 — [0] dweight partials, [1] dbias partials; slice s
 // covers rows [s * rows_per, min(N, (s + 1) * rows_per)).
-// Block (32, kRowWarps), grid (ceil(C / 64), S). Lane tx owns columns
-// c0 + tx and c0 + 32 + tx.
-template <typename T>
-__global__ void layernorm_param_grad_partial_kernel(float* __restrict__ partial,
-                                                    const T* __restrict__ dy,
-                                                    const T* __restrict__ x,
-                                                    const float* __restrict__ mean,
-                                                    const float* __restrict__ rstd, int64_t N,
-                                                    int C, int64_t rows_per) {
-  __shared__ float sw[kRowWarps][kColTile];
-  __shared__ float sb[kRowWarps][kColTile];
+// Block (32, kRowWarps), grid (ceil(C / (32 kVec)), S). Lane tx owns columns
+// c0 + tx*kVec .. + kVec-1 (16-byte loads when kVec > 1: C % kVec == 0 and
+// aligned dy, x).
+template <typename T, int kVec>
+__global__ void __launch_bounds__(32 * kRowWarps)
+    layernorm_param_grad_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy,
+                                        const T* __restrict__ x, const float* __restrict__ mean,
+                                        const float* __restrict__ rstd, int64_t N, int C,
+                                        int64_t rows_per) {
+  __shared__ float sw[kRowWarps][32 * kVec];
+  __shared__ float sb[kRowWarps][32 * kVec];
   const int tx = threadIdx.x, ty = threadIdx.y;
-  const int c0 = blockIdx.x * kColTile;
+  const int c = blockIdx.x * 32 * kVec + tx * kVec;
   const int S = gridDim.y;
   const int64_t r_begin = static_cast<int64_t>(blockIdx.y) * rows_per;
   const int64_t r_end = min(N, r_begin + rows_per);
-  float aw[2] = {0.f, 0.f}, ab[2] = {0.f, 0.f};
-  for (int64_t r = r_begin + ty; r < r_end; r += kRowWarps) {
-    const float m = mean[r], rs = rstd[r];
+  float aw[kVec], ab[kVec];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      int c = c0 + j * 32 + tx;
-      if (c < C) {
-        float d = ToF(dy[r * C + c]);
-        float xh = (ToF(x[r * C + c]) - m) * rs;
-        aw[j] += d * xh;
-        ab[j] += d;
+  for (int i = 0; i < kVec; ++i) aw[i] = ab[i] = 0.f;
+  if (c < C) {
+#pragma unroll 2
+    for (int64_t r = r_begin + ty; r < r_end; r += kRowWarps) {
+      const float m = mean[r], rs = rstd[r];
+      float fd[kVec], fx[kVec];
+      LoadF<T, kVec>(dy + r * C + c, fd);
+      LoadF<T, kVec>(x + r * C + c, fx);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        aw[i] += fd[i] * ((fx[i] - m) * rs);
+        ab[i] += fd[i];
       }
     }
   }
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    sw[ty][j * 32 + tx] = aw[j];
-    sb[ty][j * 32 + tx] = ab[j];
+  for (int i = 0; i < kVec; ++i) {
+    sw[ty][tx * kVec + i] = aw[i];
+    sb[ty][tx * kVec + i] = ab[i];
   }
   __syncthreads();
   if (ty == 0) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      int col = j * 32 + tx;
+    for (int col = tx; col < 32 * kVec; col += 32) {
       float w_sum = 0.f, b_sum = 0.f;
       for (int i = 0; i < kRowWarps; ++i) {  // fixed order
         w_sum += sw[i][col];
         b_sum += sb[i][col];
       }
-      int c = c0 + col;
-      if (c < C) {
-        partial[static_cast<int64_t>(blockIdx.y) * C + c] = w_sum;
-        partial[static_cast<int64_t>(S + blockIdx.y) * C + c] = b_sum;
+      const int cc = blockIdx.x * 32 * kVec + col;
+      if (cc < C) {
+        partial[static_cast<int64_t>(blockIdx.y) * C + cc] = w_sum;
+        partial[static_cast<int64_t>(S + blockIdx.y) * C + cc] = b_sum;
       }
     }
   }
@@ -238,20 +238,21 @@ Status LayerNormBackward(cudaStream_t stream, int num_sms, const LayerNormArgs& 
   const int64_t N = a.rows;
   const int C = static_cast<int>(a.cols);
   if (C == 0) return Status::OK();
-  // Slices of rows for the parameter-gradient partials: enough blocks to fill
-  // the GPU twice, bounded by the scratch.
-  const unsigned col_blocks = CeilDiv(C, kColTile);
-  int64_t S = std::max<int64_t>(1, CeilDiv(2 * static_cast<int64_t>(num_sms), col_blocks));
-  S = std::min<int64_t>(S, std::max<int64_t>(1, N));
-  S = std::min<int64_t>(S, 64);
-  S = std::min<int64_t>(S, static_cast<int64_t>(scratch_bytes / (2 * sizeof(float) * C)));
-  if (S < 1)
-    return InvalidArgument("LayerNormBackward: cols " + std::to_string(C) +
-                           " too large for the backend scratch");
-  const int64_t rows_per = N == 0 ? 1 : (N + S - 1) / S;
   return DispatchFloat(a.dtype, "LayerNormBackward", [&](auto tag) -> Status {
     using T = decltype(tag);
     constexpr int kN = Pack<T>::kN;
+    const bool vec_params = C % kN == 0 && Aligned16(dy) && Aligned16(x);
+    const int kv = vec_params ? kN : 1;
+    // Slices of rows for the parameter-gradient partials: about 4 blocks per
+    // SM, at least 4 rows per warp, bounded by the scratch.
+    const unsigned col_blocks = CeilDiv(C, 32 * kv);
+    int64_t S = std::max<int64_t>(1, CeilDiv(4 * static_cast<int64_t>(num_sms), col_blocks));
+    S = std::min<int64_t>(S, std::max<int64_t>(1, CeilDiv(N, 4 * kRowWarps)));
+    S = std::min<int64_t>(S, 64);
+    S = std::min<int64_t>(S, static_cast<int64_t>(scratch_bytes / (2 * sizeof(float) * C)));
+    if (S < 1)
+      return InvalidArgument("LayerNormBackward: cols " + std::to_string(C) +
+                             " too large for the backend scratch");
     if (N > 0) {
       const bool vec = C % kN == 0 && Aligned16(dx) && Aligned16(dy) && Aligned16(x) &&
                        Aligned16(weight);
@@ -265,10 +266,16 @@ Status LayerNormBackward(cudaStream_t stream, int num_sms, const LayerNormArgs& 
             static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x),
             static_cast<const T*>(weight), mean, rstd, N, C);
       CUDA_RETURN_IF_LAUNCH_ERROR("layernorm_backward_dx_kernel");
-      layernorm_param_grad_partial_kernel<T>
-          <<<dim3(col_blocks, static_cast<unsigned>(S)), dim3(32, kRowWarps), 0, stream>>>(
-              scratch, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, N, C,
-              rows_per);
+      const int64_t rows_per = (N + S - 1) / S;
+      dim3 pgrid(col_blocks, static_cast<unsigned>(S)), pblock(32, kRowWarps);
+      if (vec_params)
+        layernorm_param_grad_partial_kernel<T, kN><<<pgrid, pblock, 0, stream>>>(
+            scratch, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, N, C,
+            rows_per);
+      else
+        layernorm_param_grad_partial_kernel<T, 1><<<pgrid, pblock, 0, stream>>>(
+            scratch, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, N, C,
+            rows_per);
       CUDA_RETURN_IF_LAUNCH_ERROR("layernorm_param_grad_partial_kernel");
     } else {
       CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, 2 * sizeof(float) * C * S, stream));
