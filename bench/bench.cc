@@ -48,7 +48,7 @@ bool ParseOptions(int argc, char** argv, const po::options_description& desc, in
                   po::positional_options_description* pos) {
   po::variables_map vm;
   try {
-    po::command_line_parser parser(argc - 1, argv + 1);
+    po::command_line_parser parser(argc, argv);  // argv[0] (the subcommand) is skipped
     parser.options(desc);
     if (pos) parser.positional(*pos);
     po::store(parser.run(), vm);
