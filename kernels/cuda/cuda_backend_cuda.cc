@@ -110,6 +110,7 @@ class CudaBackend final : public Backend {
   Status Memset(void* dst, int value, size_t bytes) override {
     if (bytes == 0) return Status::OK();
     RETURN_IF_ERROR(CheckPtr("Memset", "dst", dst));
+    OpScope scope(this, "memset");
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(dst, value, bytes, stream_));
     return Status::OK();
   }
@@ -123,6 +124,7 @@ class CudaBackend final : public Backend {
     if (bytes == 0) return Status::OK();
     RETURN_IF_ERROR(CheckPtr("CopyDeviceToDevice", "dst", dst));
     RETURN_IF_ERROR(CheckPtr("CopyDeviceToDevice", "src", src));
+    OpScope scope(this, "copy_d2d");
     CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
     return Status::OK();
   }
