@@ -2,7 +2,7 @@
 //
 // Per (b, h), in the compute type, query rows in blocks of kQueryBlock:
 //   S = scale * Q K^T over keys 0..t1-1 (GemmKernel), causal mask,
-//   lse_t = max + log(sum exp), P = exp(S - lse), O = P V.
+//   e = exp(S - max), lse_t = max + log(sum e), P = e / sum e, O = P V.
 // Backward recomputes P from the saved lse and uses Di = sum_d dO*O (the
 // stored output):
 //   dV += P^T dO, dP = dO V^T, dS = P * (dP - Di), dQ = scale dS K,
@@ -64,10 +64,11 @@ void ForwardTyped(const AttentionShape& s, T* out, Acc<T>* lse, const T* qkv) {
         A* srow = sc.data() + i * t1;
         A mx = srow[0];
         for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, srow[j]);
+        ExpShiftRows(srow, t + 1, mx);
         A sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += std::exp(srow[j] - mx);
-        const A l = mx + std::log(sum);
-        for (int64_t j = 0; j <= t; ++j) srow[j] = std::exp(srow[j] - l);
+        for (int64_t j = 0; j <= t; ++j) sum += srow[j];
+        const A l = mx + std::log(sum), inv = A(1) / sum;
+        for (int64_t j = 0; j <= t; ++j) srow[j] *= inv;
         for (int64_t j = t + 1; j < t1; ++j) srow[j] = 0;
         lse[(b * H + h) * T_ + t] = l;
       }
@@ -109,7 +110,7 @@ void BackwardTyped(const AttentionShape& s, T* dqkv, const T* dout, const T* qkv
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = q0 + i;
         A* prow = p.data() + i * t1;
-        for (int64_t j = 0; j <= t; ++j) prow[j] = std::exp(prow[j] - l[t]);
+        ExpShiftRows(prow, t + 1, l[t]);
         for (int64_t j = t + 1; j < t1; ++j) prow[j] = 0;
       }
       // dV[0:t1] += P^T dO

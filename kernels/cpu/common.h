@@ -8,7 +8,10 @@
 // bitwise the same result for any number of threads.
 #pragma once
 
+#include <bit>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <type_traits>
 
@@ -98,21 +101,40 @@ inline Status CheckPositive(int64_t v, const char* op, const char* name) {
                                  " must be positive");
 }
 
-// tanh-GELU and its derivative, in the compute type.
+#include "kernels/cpu/vecmath.inc"
+
+// Row helpers over contiguous float arrays, AVX2 builds when the CPU has
+// them (vecmath.cc / vecmath_avx2.cc); double arrays use the scalar code.
+//   GeluRows:      v = gelu(v)
+//   GeluGradRows:  g *= gelu'(x)
+//   ExpShiftRows:  v = exp(v - shift)
+void GeluRowsF32(float* v, int64_t n);
+void GeluGradRowsF32(const float* x, float* g, int64_t n);
+void ExpShiftRowsF32(float* v, int64_t n, float shift);
+
 template <class A>
-inline A Gelu(A x) {
-  constexpr A k0 = A(0.7978845608028654);  // sqrt(2/pi)
-  constexpr A k1 = A(0.044715);
-  A u = k0 * (x + k1 * x * x * x);
-  return A(0.5) * x * (A(1) + std::tanh(u));
+void GeluRows(A* v, int64_t n) {
+  if constexpr (std::is_same_v<A, float>) {
+    GeluRowsF32(v, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) v[i] = Gelu(v[i]);
+  }
 }
 template <class A>
-inline A GeluGrad(A x) {
-  constexpr A k0 = A(0.7978845608028654);
-  constexpr A k1 = A(0.044715);
-  A x2 = x * x;
-  A t = std::tanh(k0 * (x + k1 * x2 * x));
-  return A(0.5) * (A(1) + t) + A(0.5) * x * (A(1) - t * t) * k0 * (A(1) + A(3) * k1 * x2);
+void GeluGradRows(const A* x, A* g, int64_t n) {
+  if constexpr (std::is_same_v<A, float>) {
+    GeluGradRowsF32(x, g, n);
+  } else {
+    for (int64_t i = 0; i < n; ++i) g[i] *= GeluGrad(x[i]);
+  }
+}
+template <class A>
+void ExpShiftRows(A* v, int64_t n, A shift) {
+  if constexpr (std::is_same_v<A, float>) {
+    ExpShiftRowsF32(v, n, shift);
+  } else {
+    for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i] - shift);
+  }
 }
 
 }  // namespace strata::kernels::cpu

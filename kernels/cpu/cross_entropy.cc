@@ -1,6 +1,6 @@
 // Fused softmax + cross-entropy over logits[N, Vp] whose first V columns are
-// real. Per row, in the compute type: m = max, lse = m + log(sum exp(x - m)),
-// loss = lse - x[target], dlogits = (exp(x - lse) - onehot) * dloss on the V
+// real. Per row, in the compute type: m = max, e = exp(x - m), lse = m +
+// log(sum e), loss = lse - x[target], dlogits = (e / sum e - onehot) * dloss on the V
 // real columns and 0 on the padding. Rows with target < 0 are ignored (loss 0,
 // dlogits row 0). The row is converted before anything is written, so
 // dlogits may alias logits.
@@ -34,14 +34,17 @@ void CrossEntropyTyped(Acc<T>* losses, T* dlogits, const T* logits, const int32_
       LoadN(logits + r * Vp, x.data(), Vp);
       A mx = x[0];
       for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
+      const A x_target = x[target];
+      ExpShiftRows(x.data(), V, mx);  // x = exp(x - max)
       A lanes[kLanes] = {};
-      for (int64_t j = 0; j < V; ++j) lanes[j % kLanes] += std::exp(x[j] - mx);
+      for (int64_t j = 0; j < V; ++j) lanes[j % kLanes] += x[j];
       A sum = 0;
       for (int l = 0; l < kLanes; ++l) sum += lanes[l];
       const A lse = mx + std::log(sum);
-      losses[r] = lse - x[target];
+      losses[r] = lse - x_target;
       if (dlogits) {
-        for (int64_t j = 0; j < V; ++j) x[j] = std::exp(x[j] - lse) * dloss;
+        const A scale = dloss / sum;  // softmax = exp(x - max) / sum
+        for (int64_t j = 0; j < V; ++j) x[j] *= scale;
         x[target] -= dloss;
         for (int64_t j = V; j < Vp; ++j) x[j] = 0;
         StoreN(x.data(), dlogits + r * Vp, Vp);

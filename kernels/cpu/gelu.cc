@@ -17,7 +17,7 @@ Status CpuBackend::GeluForward(void* y, const void* x, int64_t n, DType dtype) {
       ForEachChunk(n, [&](int64_t i, int64_t len) {
         A v[kChunk];
         LoadN(As<T>(x) + i, v, len);
-        for (int64_t j = 0; j < len; ++j) v[j] = Gelu(v[j]);
+        GeluRows(v, len);
         StoreN(v, As<T>(y) + i, len);
       });
       return Status::OK();
@@ -40,7 +40,7 @@ Status CpuBackend::GeluBackward(void* dx, const void* x, const void* dy, int64_t
         A xv[kChunk], g[kChunk];
         LoadN(As<T>(x) + i, xv, len);
         LoadN(As<T>(dy) + i, g, len);
-        for (int64_t j = 0; j < len; ++j) g[j] *= GeluGrad(xv[j]);
+        GeluGradRows(xv, g, len);
         StoreN(g, As<T>(dx) + i, len);  // dx may alias dy: read before written
       });
       return Status::OK();

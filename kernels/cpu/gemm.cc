@@ -91,8 +91,7 @@ Status GemmTyped(const GemmArgs& g) {
       if (g.bias)
         for (int64_t j = 0; j < cols; ++j) v[j] += bias[j0 + j];
       if (auxp) StoreN(v, auxp + i * g.ldc, cols);
-      if (g.gelu)
-        for (int64_t j = 0; j < cols; ++j) v[j] = Gelu(v[j]);
+      if (g.gelu) GeluRows(v, cols);
     };
     if constexpr (std::is_same_v<TC, A>) {
       // C is the compute type: accumulate in place.

@@ -1,13 +1,18 @@
-// The CPU backend's bulk f16/bf16 <-> f32 conversions: the AVX2/F16C build
-// and the generic build against the scalar reference of tiers/half.h,
-// bitwise, on every 16-bit pattern and on a million float patterns plus the
-// edge cases; and double -> f16/bf16 rounding once (no double rounding).
+// The CPU backend's SIMD paths:
+// - bulk f16/bf16 <-> f32 conversions, the AVX2/F16C build and the generic
+//   build against the scalar reference of tiers/half.h, bitwise, on every
+//   16-bit pattern and a million float patterns plus the edge cases; and
+//   double -> f16/bf16 rounding once (no double rounding);
+// - the vectorizable float exp (accuracy against std::exp) and the GELU /
+//   exp row helpers (AVX2 build bitwise equal to the generic one).
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/avx2.h"
+#include "kernels/cpu/common.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/isa.h"
 #include "tests/test_util.h"
@@ -88,6 +93,61 @@ TEST(CpuConvertTest, DoubleRoundsOnceToBf16AndF16) {
   EXPECT_EQ(Store1<f16_t>(1e-30).bits, 0x0000);
   // Exact values pass unchanged.
   EXPECT_EQ(Store1<bf16_t>(3.0).bits, FloatToBF16(3.f));
+}
+
+TEST(CpuVecMathTest, ExpFIsAccurateAndKeepsNaN) {
+  double worst = 0;
+  for (int i = 0; i <= 2000000; ++i) {
+    const float x = -87.f + 175.f * static_cast<float>(i) / 2000000.f;
+    const double want = std::exp(static_cast<double>(x));
+    worst = std::max(worst, std::fabs(ExpF(x) - want) / want);
+  }
+  EXPECT_LT(worst, 3e-7);  // ~2.5 ulp
+  EXPECT_EQ(ExpF(0.f), 1.f);
+  EXPECT_TRUE(std::isnan(ExpF(NAN)));
+  EXPECT_EQ(ExpF(-1000.f), 0.f);
+  EXPECT_EQ(ExpF(1000.f), INFINITY);
+  EXPECT_NEAR(ExpF(88.7f) / std::exp(double{88.7f}), 1.0, 3e-7);
+  EXPECT_NEAR(ExpF(-87.3f) / std::exp(double{-87.3f}), 1.0, 3e-7);
+  EXPECT_EQ(Gelu(-30.f), 0.f);
+  // GELU against x * sigmoid(2u) in double (= 0.5 x (1 + tanh u), without
+  // the cancellation of 1 + tanh u that makes the tanh form 0 below x ~ -7).
+  // Float rounding of the argument 2u alone moves exp(-2u) by |2u| ulp, so the
+  // error is measured in units of (1 + |2u|) ulp.
+  double gworst = 0;
+  for (int i = 0; i <= 200000; ++i) {
+    const float x = -12.f + 24.f * static_cast<float>(i) / 200000.f;
+    const double xd = x;
+    const double u = 0.7978845608028654 * (xd + 0.044715 * xd * xd * xd);
+    const double want = xd / (1 + std::exp(-2 * u));
+    // Relative; results below 1e-30 (where exp flushes to 0) absolutely.
+    const double err = std::fabs(Gelu(x) - want) / std::max(std::fabs(want), 1e-30);
+    gworst = std::max(gworst, err / (1 + 2 * std::fabs(u)));
+  }
+  EXPECT_LT(gworst, 3e-7);
+}
+
+TEST(CpuVecMathTest, Avx2RowHelpersEqualTheGenericBuild) {
+  if (!Avx2Usable()) GTEST_SKIP() << "this CPU has no AVX2+FMA+F16C";
+  const int64_t n = 1003;
+  std::vector<float> x(n), g(n);
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<float> d(-20.f, 20.f);
+  for (auto& v : x) v = d(rng);
+  for (auto& v : g) v = d(rng);
+  x[5] = NAN, x[6] = INFINITY, x[7] = -INFINITY, x[8] = 0.f, x[9] = -0.f;
+  std::vector<float> a = x, b = x;
+  GeluRowsF32Avx2(a.data(), n);
+  for (int64_t i = 0; i < n; ++i) b[i] = Gelu(x[i]);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << "gelu";
+  a = g, b = g;
+  GeluGradRowsF32Avx2(x.data(), a.data(), n);
+  for (int64_t i = 0; i < n; ++i) b[i] *= GeluGrad(x[i]);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << "gelu'";
+  a = x, b = x;
+  ExpShiftRowsF32Avx2(a.data(), n, 1.5f);
+  for (int64_t i = 0; i < n; ++i) b[i] = ExpF(x[i] - 1.5f);
+  EXPECT_EQ(0, std::memcmp(a.data(), b.data(), n * 4)) << "exp";
 }
 
 TEST(CpuConvertTest, IsaChoiceIsReported) {
