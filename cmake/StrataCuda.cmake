@@ -28,11 +28,12 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
       set(CMAKE_CUDA_ARCHITECTURES ${_arch} CACHE STRING "CUDA architectures (local GPU, else 90)")
     endif()
     enable_language(CUDA)
-    # CMake < 3.26 does not know nvcc's C++20 flag (nvcc >= 12 has it): without
-    # this, the first .cu file fails generation with "CUDA20 not supported".
-    if(NOT DEFINED CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+    if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)
+      # CMake < 3.26 does not know that nvcc >= 12 takes -std=c++20.
       set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
       set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+      list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+      set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
     endif()
     set(CMAKE_CUDA_STANDARD 20)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)

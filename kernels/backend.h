@@ -6,6 +6,11 @@
 // - Row-major tensors. Shapes are given per op and commented per buffer.
 // - Storage dtypes for activations/params: f32, f16 or bf16 (`dtype`); all
 //   arithmetic in fp32; LayerNorm statistics, softmax and the loss in fp32.
+// - f64 (CPU backend only, for gradient checks against finite differences):
+//   with dtype kF64 all arithmetic is fp64 and every buffer typed float*
+//   below (LayerNorm mean/rstd, attention lse, cross-entropy losses,
+//   GradStats sumsq) holds doubles: 8 bytes per element, passed through the
+//   float* parameter. Other backends return InvalidArgument for kF64.
 // - Pointers are backend memory: device memory for CUDA, host memory for the
 //   CPU backend. Ops never allocate; scratch is passed in by the caller.
 // - CUDA ops are asynchronous on the backend's compute stream; CPU ops run to

@@ -1,0 +1,149 @@
+// Helpers shared by the CUDA kernels (kernels/cuda/*.cu): storage-type
+// conversions, 16-byte vector packs, warp/block reductions, dtype dispatch
+// and argument checks that return Status.
+//
+// Storage types are float, __nv_bfloat16 and __half; arithmetic is fp32.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "tiers/cuda_check.h"
+#include "tiers/dtype.h"
+#include "tiers/status.h"
+
+namespace strata::kernels::cuda {
+
+using bf16 = __nv_bfloat16;
+using f16 = __half;
+
+// ---- element conversions ---------------------------------------------------
+
+__device__ __forceinline__ float ToF(float x) { return x; }
+__device__ __forceinline__ float ToF(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ToF(f16 x) { return __half2float(x); }
+
+template <typename T>
+__device__ __forceinline__ T FromF(float x);
+template <>
+__device__ __forceinline__ float FromF<float>(float x) { return x; }
+template <>
+__device__ __forceinline__ bf16 FromF<bf16>(float x) { return __float2bfloat16_rn(x); }
+template <>
+__device__ __forceinline__ f16 FromF<f16>(float x) { return __float2half_rn(x); }
+
+// ---- 16-byte packs -----------------------------------------------------------
+
+// kN elements of T in 16 bytes, loaded/stored with one 128-bit access.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kN = 16 / static_cast<int>(sizeof(T));
+  T v[kN];
+};
+
+template <typename T>
+__device__ __forceinline__ Pack<T> LoadPack(const T* p) {
+  return *reinterpret_cast<const Pack<T>*>(p);
+}
+template <typename T>
+__device__ __forceinline__ void StorePack(T* p, const Pack<T>& v) {
+  *reinterpret_cast<Pack<T>*>(p) = v;
+}
+
+// True when `p` is 16-byte aligned (host side).
+inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// ---- math ----------------------------------------------------------------
+
+// tanh-GELU and its derivative (the same formula as the CPU backend).
+__device__ __forceinline__ float GeluF(float x) {
+  constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)
+  float u = kS * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.f + tanhf(u));
+}
+__device__ __forceinline__ float GeluGradF(float x) {
+  constexpr float kS = 0.7978845608028654f;
+  float x2 = x * x;
+  float u = kS * (x + 0.044715f * x2 * x);
+  float t = tanhf(u);
+  float du = kS * (1.f + 3.f * 0.044715f * x2);
+  return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * du;
+}
+
+// ---- reductions --------------------------------------------------------------
+// Fixed shuffle trees: the same inputs give bitwise the same sums.
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ __forceinline__ int WarpSumInt(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread gets
+// the result. `scratch` holds 32 floats of shared memory; the call contains
+// the barriers it needs and may be called repeatedly with the same scratch.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = WarpSum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : 0.f;
+  return WarpSum(v);
+}
+__device__ __forceinline__ float BlockMax(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int nwarps = blockDim.x >> 5;
+  v = WarpMax(v);
+  __syncthreads();
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < nwarps ? scratch[lane] : -INFINITY;
+  return WarpMax(v);
+}
+
+// ---- host-side helpers ----------------------------------------------------
+
+inline unsigned CeilDiv(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
+
+// Grid-stride elementwise kernels: 256 threads, about 8 elements per thread,
+// at most 65536 blocks (each element is computed by exactly one thread, so
+// the grid size never changes a result).
+constexpr int kElementwiseThreads = 256;
+inline unsigned ElementwiseGrid(int64_t n) {
+  int64_t blocks = (n + kElementwiseThreads * 8 - 1) / (kElementwiseThreads * 8);
+  if (blocks < 1) blocks = 1;
+  if (blocks > 65536) blocks = 65536;
+  return static_cast<unsigned>(blocks);
+}
+
+// Calls f(T{}) with T the CUDA storage type of `dt` (float, bf16, f16);
+// InvalidArgument naming `what` for any other dtype.
+template <typename F>
+Status DispatchFloat(DType dt, const char* what, F&& f) {
+  switch (dt) {
+    case DType::kF32: return f(float{});
+    case DType::kBF16: return f(bf16{});
+    case DType::kF16: return f(f16{});
+    default:
+      return InvalidArgument(std::string(what) + ": dtype " + std::string(DTypeName(dt)) +
+                             " is not supported (f32, f16, bf16)");
+  }
+}
+
+}  // namespace strata::kernels::cuda

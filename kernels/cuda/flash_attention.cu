@@ -1,0 +1,693 @@
+// Causal flash attention (FlashAttention-2 style), forward and backward, on
+// tensor cores through mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate):
+// sm_80 and later, nothing sm_90-only.
+//
+// Layout (backend.h): qkv (B, T, 3C) with q, k, v at column offsets 0, C, 2C
+// and head h at h*D..h*D+D-1 of each; out (B, T, C); lse (B, H, T) f32, the
+// natural-log log-sum-exp of each query row's scaled scores.
+//
+// Tiles: 4 warps per block, each owning kM m-tiles of 16 rows (the B
+// operand fragments read from shared memory are reused across a warp's
+// m-tiles: kM = 2 halves the shared-memory traffic per flop). Head dims up to
+// kD (64 or 128) with the columns D..kD-1 zero-filled in shared memory, so any
+// D <= 128 with D % 8 == 0 works (64 and 128 without waste). Rows past T are
+// zero-filled too (no garbage reaches an exp or a product) and never stored.
+// Softmax runs in the log2 domain (scores pre-multiplied by scale*log2(e)).
+//
+// Forward: block = (b, h, 128 queries); K/V tiles of kBc keys stream through
+// a double-buffered cp.async pipeline; online softmax; a warp skips the key
+// tiles entirely above its rows; O staged through shared memory for 16-byte
+// stores. No T x T matrix anywhere.
+// Backward, deterministic (no atomics): delta = rowsum(dO * O) first; then
+// one kernel per 64-key block (16 keys per warp) accumulates dK and dV over
+// the query tiles (32 queries each) at or after it, and one kernel per
+// 128-query block accumulates dQ over the key tiles at or before it. This
+// recomputes P once more than FlashAttention-2's atomic dQ, and keeps every
+// sum in a fixed order.
+#include <type_traits>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 128;    // 4 warps
+constexpr int kWarps = 4;
+constexpr int kDkDvKeys = 64;     // keys per dK/dV block (16 per warp)
+constexpr int kBwdQueries = 32;   // queries per streamed tile (dK/dV)
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+template <int kD>
+struct Tile {
+  static constexpr int kStride = kD + 8;  // shared row stride: conflict-free ldmatrix
+  static constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+};
+
+// Tile shapes of the forward and dQ kernels per head-dim tile kD: m-tiles per
+// warp (kM, so kBr = 64 kM rows per block) and keys per streamed tile (kBc),
+// chosen so the accumulators fit in registers without spills.
+template <int kD>
+struct RowBlock {
+  static constexpr int kM = 2;
+  static constexpr int kBr = kWarps * 16 * kM;
+  static constexpr int kFwdBc = kD <= 64 ? 64 : 32;
+  static constexpr int kDqBc = 32;
+};
+
+template <typename T, int kD>
+constexpr size_t FwdSmemBytes() {  // Q + 2 x (K, V)
+  return static_cast<size_t>((RowBlock<kD>::kBr + 4 * RowBlock<kD>::kFwdBc) * Tile<kD>::kStride) *
+         sizeof(T);
+}
+template <typename T, int kD>
+constexpr size_t DkDvSmemBytes() {  // K, V + 2 x (Q, dO) + 2 x (lse, delta)
+  return static_cast<size_t>((2 * kDkDvKeys + 4 * kBwdQueries) * Tile<kD>::kStride) * sizeof(T) +
+         4 * kBwdQueries * sizeof(float);
+}
+template <typename T, int kD>
+constexpr size_t DqSmemBytes() {  // Q, dO + 2 x (K, V)
+  return static_cast<size_t>((2 * RowBlock<kD>::kBr + 4 * RowBlock<kD>::kDqBc) *
+                             Tile<kD>::kStride) *
+         sizeof(T);
+}
+
+// ---- kernels ----------------------------------------------------------------
+
+// Copies rows [row0, row0 + kRows) of a (T, row_stride) matrix, columns
+// [0, kD) from `g` into the shared tile `s` (kRows, kStride) with cp.async;
+// rows >= seq and columns >= D are zero-filled.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void LoadTile(T* s, const T* g, int row0, int seq, int D,
+                                         int64_t row_stride) {
+  constexpr int kChunks = Tile<kD>::kChunks;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = (row0 + r < seq) && (c * 8 < D);
+    const T* src = valid ? g + static_cast<int64_t>(row0 + r) * row_stride + c * 8 : g;
+    CpAsync16(s + r * Tile<kD>::kStride + c * 8, src, valid);
+  }
+}
+
+// Writes rows [row0, row0 + kRows) (only those < seq) and columns [0, D) of
+// the shared tile `s` (kRows, kStride) to `g` (T, row_stride) with 16-byte
+// stores.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void StoreTile(T* g, const T* s, int row0, int seq, int D,
+                                          int64_t row_stride) {
+  constexpr int kChunks = Tile<kD>::kChunks;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (row0 + r < seq && c * 8 < D)
+      *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const int4*>(s + r * Tile<kD>::kStride + c * 8);
+  }
+}
+
+// Stores a warp's kM x (16 x kD) fp32 accumulator tiles acc[kM][kD/8][4],
+// times `mul`, into the shared tile `s` (rows row0 + 16 mt + .., kStride) as T.
+template <typename T, int kD, int kM>
+__device__ __forceinline__ void AccToSmem(T* s, int row0, const float (&acc)[kM][kD / 8][4],
+                                          float mul) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kD / 8; ++nt) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int r = row0 + mt * 16 + g + h * 8;
+        *reinterpret_cast<uint32_t*>(s + r * Tile<kD>::kStride + nt * 8 + 2 * t4) =
+            PackPair<T>(acc[mt][nt][2 * h] * mul, acc[mt][nt][2 * h + 1] * mul);
+      }
+    }
+  }
+}
+
+// acc[kM][kN/8][4] (kM x 16 x kN) += A (rows row0.., 16 kM x kD of sA,
+// row-major) times B^T where sB holds B as (kN rows, kD columns) row-major:
+// the "scores" product X Y^T with both operands stored row by row. Each B
+// fragment is loaded once and used for all kM m-tiles.
+template <typename T, int kD, int kM, int kN>
+__device__ __forceinline__ void MmaABt(float (&acc)[kM][kN / 8][4], const T* sA, int row0,
+                                       const T* sB) {
+  const int lane = threadIdx.x & 31;
+  const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+  for (int ks = 0; ks < kD / 16; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+      LdMatrixX4(a[mt], sA + (row0 + mt * 16 + (lane & 15)) * Tile<kD>::kStride + ks * 16 +
+                            (lane >> 4) * 8);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t b[4];
+      LdMatrixX4(b, sB + (np * 16 + (mi >> 1) * 8 + ri) * Tile<kD>::kStride + ks * 16 +
+                        (mi & 1) * 8);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<T>(acc[mt][2 * np], a[mt], b[0], b[1]);
+        Mma16816<T>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[kM][kD/8][4] (kM x 16 x kD) += P (kM x 16 x kK, given as fp32
+// accumulator fragments p[kM][kK/8][4], rounded to T) times V where sV holds V
+// as (kK rows, kD columns) row-major.
+template <typename T, int kD, int kM, int kK>
+__device__ __forceinline__ void MmaPV(float (&acc)[kM][kD / 8][4],
+                                      const float (&p)[kM][kK / 8][4], const T* sV) {
+  const int lane = threadIdx.x & 31;
+  const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt) {
+      a[mt][0] = PackPair<T>(p[mt][2 * kk][0], p[mt][2 * kk][1]);
+      a[mt][1] = PackPair<T>(p[mt][2 * kk][2], p[mt][2 * kk][3]);
+      a[mt][2] = PackPair<T>(p[mt][2 * kk + 1][0], p[mt][2 * kk + 1][1]);
+      a[mt][3] = PackPair<T>(p[mt][2 * kk + 1][2], p[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int dp = 0; dp < kD / 16; ++dp) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, sV + (kk * 16 + (mi & 1) * 8 + ri) * Tile<kD>::kStride + dp * 16 +
+                             (mi >> 1) * 8);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<T>(acc[mt][2 * dp], a[mt], b[0], b[1]);
+        Mma16816<T>(acc[mt][2 * dp + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+template <int kM, int kN>
+__device__ __forceinline__ void Zero(float (&acc)[kM][kN][4]) {
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int i = 0; i < kN; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
+}
+
+// out: (B, T, C); lse: (B, H, T) f32; qkv: (B, T, 3C).
+// grid (B*H, ceil(T / kBr)), the last query blocks (most keys) first.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse,
+                                   const T* __restrict__ qkv, int seq, int H, int D, int C,
+                                   float scale_log2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr, kBc = RowBlock<kD>::kFwdBc;
+  constexpr int kS = Tile<kD>::kStride;
+  constexpr int kKV = kBc * kS;  // one K or V stage
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // (kBr, kS)
+  T* sK = sQ + kBr * kS;                   // (2, kBc, kS)
+  T* sV = sK + 2 * kKV;                    // (2, kBc, kS)
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int qb = gridDim.y - 1 - blockIdx.y;
+  const int q0 = qb * kBr;
+  const int row0 = warp * 16 * kM;                  // this warp's first row in the block
+  const int warp_last_query = q0 + row0 + 16 * kM - 1;
+  const int64_t row_stride = 3LL * C;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+
+  LoadTile<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
+  LoadTile<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
+  LoadTile<T, kD, kBc>(sV, v_g, 0, seq, D, row_stride);
+  CpAsyncCommit();
+
+  float o[kM][kD / 8][4];
+  Zero(o);
+  float m_run[kM][2], l_run[kM][2];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) m_run[mt][0] = m_run[mt][1] = -INFINITY, l_run[mt][0] = l_run[mt][1] = 0.f;
+  // Causal: keys 0 .. min(seq, q0 + kBr) - 1.
+  const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
+
+  for (int j = 0; j < n_kv; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kv) {
+      LoadTile<T, kD, kBc>(sK + (stage ^ 1) * kKV, k_g, (j + 1) * kBc, seq, D, row_stride);
+      LoadTile<T, kD, kBc>(sV + (stage ^ 1) * kKV, v_g, (j + 1) * kBc, seq, D, row_stride);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int k0 = j * kBc;
+    // Key 0 of tile 0 is visible to every row, so each row's running max is
+    // finite after the first tile; later tiles may be wholly masked for a row
+    // (row max -inf: nothing changes) or for the whole warp (skipped).
+    if (k0 <= warp_last_query) {
+      float s[kM][kBc / 8][4];
+      Zero(s);
+      MmaABt<T, kD, kM, kBc>(s, sQ, row0, sK + stage * kKV);
+      const bool mask = k0 + kBc - 1 > q0 + row0;  // some key after some row of this warp
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = s[mt][nt][e] * scale_log2;
+            if (mask) {
+              const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
+              const int query = q0 + row0 + mt * 16 + g + (e >> 1) * 8;
+              if (key > query) v = -INFINITY;
+            }
+            s[mt][nt][e] = v;
+          }
+        }
+        // Online softmax; each row is spread over the 4 lanes of a quad.
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < kBc / 8; ++nt)
+            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m_run[mt][r], mx);
+          const float alpha = exp2f(m_run[mt][r] - m_new);
+          m_run[mt][r] = m_new;
+          l_run[mt][r] *= alpha;
+#pragma unroll
+          for (int nt = 0; nt < kD / 8; ++nt) {
+            o[mt][nt][2 * r] *= alpha;
+            o[mt][nt][2 * r + 1] *= alpha;
+          }
+#pragma unroll
+          for (int nt = 0; nt < kBc / 8; ++nt) {
+            const float p0 = exp2f(s[mt][nt][2 * r] - m_new);
+            const float p1 = exp2f(s[mt][nt][2 * r + 1] - m_new);
+            s[mt][nt][2 * r] = p0;
+            s[mt][nt][2 * r + 1] = p1;
+            l_run[mt][r] += p0 + p1;
+          }
+        }
+      }
+      MmaPV<T, kD, kM, kBc>(o, s, sV + stage * kKV);
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float l = l_run[mt][r];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const float inv = 1.f / l;
+      const int q = q0 + row0 + mt * 16 + g + r * 8;
+      if (t4 == 0 && q < seq)
+        lse[static_cast<int64_t>(bh) * seq + q] = (m_run[mt][r] + log2f(l)) * kLn2;
+#pragma unroll
+      for (int nt = 0; nt < kD / 8; ++nt) {
+        o[mt][nt][2 * r] *= inv;
+        o[mt][nt][2 * r + 1] *= inv;
+      }
+    }
+  }
+  AccToSmem<T, kD, kM>(sQ, row0, o, 1.f);  // sQ is free: every warp passed the loop's last barrier
+  __syncthreads();
+  StoreTile<T, kD, kBr>(out + static_cast<int64_t>(b) * seq * C + h * D, sQ, q0, seq, D, C);
+#else
+  __trap();
+#endif
+}
+
+// delta: (B, H, T) f32 = rowsum(dO * O) per head; dout, out: (B, T, C).
+// One warp per (b, t, h).
+template <typename T>
+__global__ void flash_attention_delta_kernel(float* __restrict__ delta, const T* __restrict__ dout,
+                                             const T* __restrict__ out, int B, int seq, int H, int D,
+                                             int C) {
+  const int lane = threadIdx.x & 31;
+  const int64_t w = static_cast<int64_t>(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+  const int64_t total = static_cast<int64_t>(B) * seq * H;
+  if (w >= total) return;
+  const int h = static_cast<int>(w % H);
+  const int64_t bt = w / H;  // b * seq + t
+  const T* po = out + bt * C + h * D;
+  const T* pd = dout + bt * C + h * D;
+  float s = 0.f;
+  for (int d = lane; d < D; d += 32) s += ToF(po[d]) * ToF(pd[d]);
+  s = WarpSum(s);
+  if (lane == 0) {
+    const int64_t b = bt / seq, t = bt % seq;
+    delta[(b * H + h) * seq + t] = s;
+  }
+}
+
+// dK, dV for one block of 64 keys: dqkv columns C.. and 2C.. (B, T, 3C).
+// grid (B*H, ceil(T/64)); key block kb = blockIdx.y (the first blocks see the
+// most queries and start first).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
+                                         const T* __restrict__ dout, const float* __restrict__ lse,
+                                         const float* __restrict__ delta, int seq, int H, int D,
+                                         int C, float scale_log2, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kS = Tile<kD>::kStride;
+  constexpr int kQT = kBwdQueries * kS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // (64, kS)
+  T* sV = sK + kDkDvKeys * kS;             // (64, kS)
+  T* sQ = sV + kDkDvKeys * kS;             // (2, 32, kS)
+  T* sdO = sQ + 2 * kQT;                   // (2, 32, kS)
+  float* sL = reinterpret_cast<float*>(sdO + 2 * kQT);  // (2, 32): lse * log2(e), +inf past T
+  float* sDelta = sL + 2 * kBwdQueries;                  // (2, 32): delta, 0 past T
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int kb = blockIdx.y;
+  const int k0 = kb * kDkDvKeys;
+  const int row0 = warp * 16;  // this warp's 16 keys in the block
+  const int64_t row_stride = 3LL * C;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+  const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
+  const float* lse_g = lse + static_cast<int64_t>(bh) * seq;
+  const float* delta_g = delta + static_cast<int64_t>(bh) * seq;
+
+  auto load_queries = [&](int stage, int tile) {
+    const int r0 = tile * kBwdQueries;
+    LoadTile<T, kD, kBwdQueries>(sQ + stage * kQT, q_g, r0, seq, D, row_stride);
+    LoadTile<T, kD, kBwdQueries>(sdO + stage * kQT, do_g, r0, seq, D, C);
+    if (threadIdx.x < kBwdQueries) {
+      const int q = r0 + threadIdx.x;
+      sL[stage * kBwdQueries + threadIdx.x] = q < seq ? lse_g[q] * kLog2e : INFINITY;
+      sDelta[stage * kBwdQueries + threadIdx.x] = q < seq ? delta_g[q] : 0.f;
+    }
+  };
+
+  const int n_qt = (seq + kBwdQueries - 1) / kBwdQueries;
+  const int qt_begin = k0 / kBwdQueries;  // queries before k0 see none of these keys
+  LoadTile<T, kD, kDkDvKeys>(sK, k_g, k0, seq, D, row_stride);
+  LoadTile<T, kD, kDkDvKeys>(sV, v_g, k0, seq, D, row_stride);
+  load_queries(0, qt_begin);
+  CpAsyncCommit();
+
+  float dk[1][kD / 8][4], dv[1][kD / 8][4];
+  Zero(dk);
+  Zero(dv);
+  const int my_key0 = k0 + row0 + g;  // keys of this lane's rows: my_key0, my_key0 + 8
+
+  for (int it = qt_begin; it < n_qt; ++it) {
+    const int stage = (it - qt_begin) & 1;
+    if (it + 1 < n_qt) {
+      load_queries(stage ^ 1, it + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T* q_s = sQ + stage * kQT;
+    const T* do_s = sdO + stage * kQT;
+    const float* l_s = sL + stage * kBwdQueries;
+    const float* d_s = sDelta + stage * kBwdQueries;
+    const int q_base = it * kBwdQueries;
+
+    // The warp's keys are all after the tile's last query: nothing to add.
+    if (q_base + kBwdQueries - 1 >= k0 + row0) {
+      // P^T (16 keys x 32 queries) = exp2(K Q^T * scale_log2 - lse2), causal.
+      float pt[1][kBwdQueries / 8][4];
+      Zero(pt);
+      MmaABt<T, kD, 1, kBwdQueries>(pt, sK, row0, q_s);
+#pragma unroll
+      for (int nt = 0; nt < kBwdQueries / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t4 + (e & 1);
+          const int key = my_key0 + (e >> 1) * 8;
+          float p = exp2f(pt[0][nt][e] * scale_log2 - l_s[ql]);
+          if (q_base + ql < key) p = 0.f;
+          pt[0][nt][e] = p;
+        }
+      }
+      // dP^T (16 keys x 32 queries) = V dO^T.
+      float dpt[1][kBwdQueries / 8][4];
+      Zero(dpt);
+      MmaABt<T, kD, 1, kBwdQueries>(dpt, sV, row0, do_s);
+      // dV += P^T dO.
+      MmaPV<T, kD, 1, kBwdQueries>(dv, pt, do_s);
+      // dS^T = P^T * (dP^T - delta); dK += dS^T Q (scale applied at the end).
+#pragma unroll
+      for (int nt = 0; nt < kBwdQueries / 8; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t4 + (e & 1);
+          dpt[0][nt][e] = pt[0][nt][e] * (dpt[0][nt][e] - d_s[ql]);
+        }
+      }
+      MmaPV<T, kD, 1, kBwdQueries>(dk, dpt, q_s);
+    }
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  // sK and sV are free after the loop's last barrier (or were never read if
+  // the loop did not run: then dk = dv = 0, which is right for keys past T).
+  AccToSmem<T, kD, 1>(sK, row0, dk, scale);
+  AccToSmem<T, kD, 1>(sV, row0, dv, 1.f);
+  __syncthreads();
+  T* dq_g = dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  StoreTile<T, kD, kDkDvKeys>(dq_g + C, sK, k0, seq, D, row_stride);
+  StoreTile<T, kD, kDkDvKeys>(dq_g + 2 * C, sV, k0, seq, D, row_stride);
+#else
+  __trap();
+#endif
+}
+
+// dQ for one block of kBr queries: dqkv columns 0.. (B, T, 3C).
+// grid (B*H, ceil(T / kBr)), the last query blocks (most keys) first.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
+                                       const T* __restrict__ dout, const float* __restrict__ lse,
+                                       const float* __restrict__ delta, int seq, int H, int D,
+                                       int C, float scale_log2, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr, kBc = RowBlock<kD>::kDqBc;
+  constexpr int kS = Tile<kD>::kStride;
+  constexpr int kKV = kBc * kS;
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sQ = reinterpret_cast<T*>(smem_raw);  // (kBr, kS)
+  T* sdO = sQ + kBr * kS;                  // (kBr, kS)
+  T* sK = sdO + kBr * kS;                  // (2, kBc, kS)
+  T* sV = sK + 2 * kKV;                    // (2, kBc, kS)
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int qb = gridDim.y - 1 - blockIdx.y;
+  const int q0 = qb * kBr;
+  const int row0 = warp * 16 * kM;
+  const int warp_last_query = q0 + row0 + 16 * kM - 1;
+  const int64_t row_stride = 3LL * C;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+  const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
+
+  LoadTile<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
+  LoadTile<T, kD, kBr>(sdO, do_g, q0, seq, D, C);
+  LoadTile<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
+  LoadTile<T, kD, kBc>(sV, v_g, 0, seq, D, row_stride);
+  CpAsyncCommit();
+
+  float lse2[kM][2], dlt[kM][2];
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int q = q0 + row0 + mt * 16 + g + r * 8;
+      lse2[mt][r] = q < seq ? lse[static_cast<int64_t>(bh) * seq + q] * kLog2e : INFINITY;
+      dlt[mt][r] = q < seq ? delta[static_cast<int64_t>(bh) * seq + q] : 0.f;
+    }
+  }
+  float dq[kM][kD / 8][4];
+  Zero(dq);
+  const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
+
+  for (int j = 0; j < n_kv; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kv) {
+      LoadTile<T, kD, kBc>(sK + (stage ^ 1) * kKV, k_g, (j + 1) * kBc, seq, D, row_stride);
+      LoadTile<T, kD, kBc>(sV + (stage ^ 1) * kKV, v_g, (j + 1) * kBc, seq, D, row_stride);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const int k0 = j * kBc;
+    if (k0 <= warp_last_query) {
+      const T* k_s = sK + stage * kKV;
+      const T* v_s = sV + stage * kKV;
+      float p[kM][kBc / 8][4];
+      Zero(p);
+      MmaABt<T, kD, kM, kBc>(p, sQ, row0, k_s);
+      const bool mask = k0 + kBc - 1 > q0 + row0;
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < kBc / 8; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            float v = exp2f(p[mt][nt][e] * scale_log2 - lse2[mt][e >> 1]);
+            if (mask) {
+              const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
+              const int query = q0 + row0 + mt * 16 + g + (e >> 1) * 8;
+              if (key > query) v = 0.f;
+            }
+            p[mt][nt][e] = v;
+          }
+        }
+      }
+      float dp[kM][kBc / 8][4];
+      Zero(dp);
+      MmaABt<T, kD, kM, kBc>(dp, sdO, row0, v_s);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < kBc / 8; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) dp[mt][nt][e] = p[mt][nt][e] * (dp[mt][nt][e] - dlt[mt][e >> 1]);
+      MmaPV<T, kD, kM, kBc>(dq, dp, k_s);  // dQ += dS K
+    }
+    __syncthreads();
+  }
+
+  AccToSmem<T, kD, kM>(sQ, row0, dq, scale);  // sQ is free after the loop's last barrier
+  __syncthreads();
+  StoreTile<T, kD, kBr>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D, sQ, q0, seq,
+                        D, row_stride);
+#else
+  __trap();
+#endif
+}
+
+template <typename Kernel>
+Status SetSmem(Kernel k, size_t bytes) {
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return Status::OK();
+}
+
+template <typename T, int kD>
+Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
+                     float* lse, const void* qkv) {
+  const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
+  const int seq = static_cast<int>(s.seq), C = H * D;
+  constexpr size_t smem = FwdSmemBytes<T, kD>();
+  auto kernel = flash_attention_forward_kernel<T, kD>;
+  RETURN_IF_ERROR(SetSmem(kernel, smem));
+  dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, RowBlock<kD>::kBr));
+  kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv),
+                                           seq, H, D, C, scale * kLog2e);
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_kernel");
+  return Status::OK();
+}
+
+template <typename T, int kD>
+Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
+                      const void* dout, const void* qkv, const void* out, const float* lse,
+                      float* delta) {
+  const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
+  const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
+  const int64_t rows = static_cast<int64_t>(B) * seq * H;
+  flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
+      delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
+
+  {
+    dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDkDvKeys));
+    constexpr size_t smem = DkDvSmemBytes<T, kD>();
+    auto kernel = flash_attention_backward_dkdv_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), static_cast<const T*>(qkv),
+                                             static_cast<const T*>(dout), lse, delta, seq, H, D, C,
+                                             scale * kLog2e, scale);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_kernel");
+  }
+  {
+    dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, RowBlock<kD>::kBr));
+    constexpr size_t smem = DqSmemBytes<T, kD>();
+    auto kernel = flash_attention_backward_dq_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), static_cast<const T*>(qkv),
+                                             static_cast<const T*>(dout), lse, delta, seq, H, D, C,
+                                             scale * kLog2e, scale);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_kernel");
+  }
+  return Status::OK();
+}
+
+// Calls f(T{}, std::integral_constant<int, kD>{}) for the shape's dtype and tile head dim.
+template <typename F>
+Status DispatchFlash(const AttentionShape& s, F&& f) {
+  const int64_t D = s.head_dim;
+  auto with_dtype = [&](auto dim) -> Status {
+    switch (s.dtype) {
+      case DType::kBF16: return f(bf16{}, dim);
+      case DType::kF16: return f(f16{}, dim);
+      default: return InvalidArgument("flash attention: dtype must be f16 or bf16");
+    }
+  };
+  if (D <= 64) return with_dtype(std::integral_constant<int, 64>{});
+  return with_dtype(std::integral_constant<int, 128>{});
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------
+
+bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
+  return cc_major >= 8 && (s.dtype == DType::kBF16 || s.dtype == DType::kF16) &&
+         s.head_dim > 0 && s.head_dim <= 128 && s.head_dim % 8 == 0 &&
+         s.seq <= int64_t{65535} * kDkDvKeys && s.batch * s.heads <= (int64_t{1} << 30);
+}
+
+size_t FlashAttentionWorkspaceBytes(const AttentionShape& s) {
+  return static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float);  // delta
+}
+
+Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
+                             float* lse, const void* qkv) {
+  if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return LaunchForward<decltype(tag), decltype(dim)::value>(stream, s, scale, out, lse, qkv);
+  });
+}
+
+Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, float scale,
+                              void* dqkv, const void* dout, const void* qkv, const void* out,
+                              const float* lse, void* workspace) {
+  if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return LaunchBackward<decltype(tag), decltype(dim)::value>(
+        stream, s, scale, dqkv, dout, qkv, out, lse, static_cast<float*>(workspace));
+  });
+}
+
+}  // namespace strata::kernels::cuda

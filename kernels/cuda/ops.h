@@ -1,0 +1,85 @@
+// Launchers of the CUDA kernels, one group per file of kernels/cuda/ (the
+// table of contents of the CUDA backend). Each takes the stream, assumes its
+// arguments were checked by the backend (cuda_backend_cuda.cc: shapes,
+// nulls, dtypes), checks its launches and returns the first error.
+// Shapes are row-major; see kernels/backend.h for the meaning of each op.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "kernels/backend.h"
+#include "tiers/status.h"
+
+namespace strata::kernels::cuda {
+
+class GemmRunner;  // gemm.h
+
+// layernorm.cu — y, x, dx, dy: (N, C); weight, bias, dweight, dbias: (C);
+// mean, rstd: (N) f32. scratch: >= 2 * C * 4 bytes (fp32 partials).
+Status LayerNormForward(cudaStream_t stream, const LayerNormArgs& a, void* y, float* mean,
+                        float* rstd, const void* x, const void* weight, const void* bias);
+Status LayerNormBackward(cudaStream_t stream, int num_sms, const LayerNormArgs& a, void* dx,
+                         void* dweight, void* dbias, DType grad_dtype, bool accumulate,
+                         const void* dy, const void* x, const void* weight, const float* mean,
+                         const float* rstd, float* scratch, size_t scratch_bytes);
+
+// gelu.cu — y, x, dx, dy: (n).
+Status GeluForward(cudaStream_t stream, void* y, const void* x, int64_t n, DType dtype);
+Status GeluBackward(cudaStream_t stream, void* dx, const void* x, const void* dy, int64_t n,
+                    DType dtype);
+
+// elementwise.cu — out, a, b, x: (n).
+Status Add(cudaStream_t stream, void* out, const void* a, const void* b, int64_t n, DType dtype);
+Status Scale(cudaStream_t stream, void* x, DType dtype, int64_t n, float factor);
+
+// cast.cu — dst, src: (n).
+Status Cast(cudaStream_t stream, void* dst, DType dst_dtype, const void* src, DType src_dtype,
+            int64_t n);
+
+// bias_backward.cu — dbias: (n); dy: (m, n). scratch: >= n * 4 bytes.
+Status BiasBackward(cudaStream_t stream, int num_sms, void* dbias, DType grad_dtype,
+                    bool accumulate, const void* dy, int64_t m, int64_t n, DType dtype,
+                    float* scratch, size_t scratch_bytes);
+
+// reduce.cu — x: (n); sumsq: one f32, nonfinite: one i32 (accumulated).
+// scratch: >= 8 KiB.
+Status GradStats(cudaStream_t stream, const void* x, DType dtype, int64_t n, float* sumsq,
+                 int32_t* nonfinite, void* scratch, size_t scratch_bytes);
+
+// embedding.cu — out, dout: (B, T, C); tokens: (B, T) i32; wte: (V, C);
+// wpe: (T, C); dwte: (Vp, C); dwpe: (T, C).
+Status EmbeddingForward(cudaStream_t stream, void* out, const int32_t* tokens, const void* wte,
+                        const void* wpe, int64_t B, int64_t T, int64_t C, DType dtype);
+Status EmbeddingBackward(cudaStream_t stream, void* dwte, void* dwpe, DType grad_dtype,
+                         const void* dout, const int32_t* tokens, int64_t B, int64_t T, int64_t C,
+                         int64_t Vp, DType dtype);
+
+// cross_entropy.cu — losses: (N) f32; logits, dlogits: (N, Vp); targets: (N).
+Status CrossEntropy(cudaStream_t stream, float* losses, void* dlogits, const void* logits,
+                    const int32_t* targets, int64_t N, int64_t V, int64_t Vp, float dloss,
+                    DType dtype);
+
+// attention.cu — the simple path (batched GEMMs + fused causal softmax).
+// qkv, dqkv: (B, T, 3C); out, dout: (B, T, C); lse: (B, H, T) f32.
+size_t SimpleAttentionWorkspaceBytes(const AttentionShape& s);
+Status SimpleAttentionForward(cudaStream_t stream, GemmRunner& gemm, const AttentionShape& s,
+                              float scale, void* out, float* lse, const void* qkv,
+                              void* workspace);
+Status SimpleAttentionBackward(cudaStream_t stream, GemmRunner& gemm, const AttentionShape& s,
+                               float scale, void* dqkv, const void* dout, const void* qkv,
+                               const void* out, const float* lse, void* workspace);
+
+// flash_attention.cu — the fused path (same buffers). Needs 16-byte aligned
+// qkv, out, dout, dqkv and C % 8 == 0 (implied by head_dim % 8 == 0).
+bool FlashAttentionSupports(const AttentionShape& s, int cc_major);
+size_t FlashAttentionWorkspaceBytes(const AttentionShape& s);
+Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
+                             float* lse, const void* qkv);
+Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, float scale,
+                              void* dqkv, const void* dout, const void* qkv, const void* out,
+                              const float* lse, void* workspace);
+
+}  // namespace strata::kernels::cuda

@@ -1,0 +1,227 @@
+// Causal attention on the CUDA backend, both paths (flash and simple),
+// against the CPU backend and against each other: T = 1, 127, 1000 and tiles
+// cut mid-way; head counts 1, 3, 5, 6, 12, 16; head dims 16..128 including
+// ones the flash kernels pad (16, 40, 96) and one they do not take (20).
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
+#include "tests/kernels/backend_compare.h"
+#include "tests/test_util.h"
+
+namespace strata::kernels {
+namespace {
+
+using ::strata::testing::CudaVsCpu;
+using ::strata::testing::Mirror;
+using ::strata::testing::OpKind;
+using ::strata::testing::RandomFloats;
+using ::strata::testing::RelErr;
+using ::strata::testing::StatusIs;
+using ::strata::testing::ToDoubles;
+using ::strata::testing::Tolerance;
+
+struct AttnCase {
+  std::string name;
+  DType dt;
+  int64_t B, T, H, D;
+  float scale = 0.f;  // 0: 1/sqrt(D)
+};
+
+// Would the flash kernels take this case (on sm_80+)?
+bool FlashShape(const AttnCase& c) {
+  return (c.dt == DType::kBF16 || c.dt == DType::kF16) && c.D % 8 == 0 && c.D <= 128;
+}
+
+class CudaAttentionTest : public CudaVsCpu, public ::testing::TestWithParam<AttnCase> {
+ protected:
+  void SetUp() override {
+    STRATA_SETUP_CUDA_VS_CPU();
+    CudaBackendOptions o;
+    o.attention = AttentionImpl::kSimple;
+    ASSERT_OK_AND_ASSIGN(simple_, ::strata::testing::MakeBackendUnderTest(o));
+    sm80_ = ::strata::testing::GpuCcMajor() >= 8;
+    const AttnCase& c = GetParam();
+    shape_ = AttentionShape{c.B, c.T, c.H, c.D, c.dt, c.scale};
+    C_ = c.H * c.D;
+  }
+
+  // Workspace for `be` (may be 0 bytes).
+  DeviceBuffer Workspace(Backend* be) {
+    auto r = be->Allocate(be->AttentionWorkspaceBytes(shape_));
+    EXPECT_OK(r.status());
+    return r.ok() ? std::move(r).value() : DeviceBuffer();
+  }
+  double OutTol() const { return Tolerance(GetParam().dt, OpKind::kReduction); }
+
+  std::unique_ptr<Backend> simple_;
+  bool sm80_ = false;
+  AttentionShape shape_;
+  int64_t C_ = 0;
+};
+
+TEST_P(CudaAttentionTest, ForwardMatchesCpu) {
+  const AttnCase c = GetParam();
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  auto& mir = *mirrors_;
+  const DType dt = c.dt;
+  const size_t es = DTypeSize(dt);
+  auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -1.5f, 1.5f), dt);
+  Mirror out = mir.Make(c.B * c.T * C_ * es);
+  Mirror lse = mir.Make(c.B * c.H * c.T * 4);
+  ASSERT_OK(cpu_->AttentionForward(shape_, out.ref.data(), lse.ref.as<float>(), qkv.ref.data(), nullptr));
+  // Default path (flash where it applies).
+  DeviceBuffer ws = Workspace(gpu_.get());
+  ASSERT_OK(gpu_->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), ws.data()));
+  const std::string path = (FlashShape(c) && sm80_) ? "flash" : "simple";
+  EXPECT_CLOSE(mir, out, dt, OutTol(), "out (" + path + ")");
+  EXPECT_CLOSE(mir, lse, DType::kF32, 5e-5, "lse (" + path + ")");
+
+  // Simple path, always.
+  mir.PoisonGpu(out);
+  mir.PoisonGpu(lse);
+  DeviceBuffer ws2 = Workspace(simple_.get());
+  ASSERT_OK(simple_->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), ws2.data()));
+  ASSERT_OK(simple_->Synchronize());
+  EXPECT_CLOSE(mir, out, dt, OutTol(), "out (simple)");
+  EXPECT_CLOSE(mir, lse, DType::kF32, 5e-5, "lse (simple)");
+}
+
+TEST_P(CudaAttentionTest, BackwardMatchesCpu) {
+  const AttnCase c = GetParam();
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  auto& mir = *mirrors_;
+  const DType dt = c.dt;
+  const size_t es = DTypeSize(dt);
+  auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -1.5f, 1.5f), dt);
+  auto dout = mir.MakeFloats(RandomFloats(c.B * c.T * C_, seed_ + 1), dt);
+  Mirror out = mir.Make(c.B * c.T * C_ * es);
+  Mirror lse = mir.Make(c.B * c.H * c.T * 4);
+  ASSERT_OK(cpu_->AttentionForward(shape_, out.ref.data(), lse.ref.as<float>(), qkv.ref.data(), nullptr));
+  // Both backward passes start from the CPU's forward results.
+  mir.Set(out, mir.RefBytes(out));
+  mir.Set(lse, mir.RefBytes(lse));
+  Mirror dqkv = mir.Make(c.B * c.T * 3 * C_ * es);
+  ASSERT_OK(cpu_->AttentionBackward(shape_, dqkv.ref.data(), dout.ref.data(), qkv.ref.data(),
+                                    out.ref.data(), lse.ref.as<float>(), nullptr));
+  DeviceBuffer ws = Workspace(gpu_.get());
+  ASSERT_OK(gpu_->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
+                                    out.gpu.data(), lse.gpu.as<float>(), ws.data()));
+  const std::string path = (FlashShape(c) && sm80_) ? "flash" : "simple";
+  EXPECT_CLOSE(mir, dqkv, dt, OutTol(), "dqkv (" + path + ")");
+  // Per part, to say which of dq, dk, dv is off.
+  {
+    auto g = mir.Gpu(dqkv, dt), r = mir.Ref(dqkv, dt);
+    const char* part[] = {"dq", "dk", "dv"};
+    for (int p = 0; p < 3; ++p) {
+      std::vector<double> gp, rp;
+      for (int64_t row = 0; row < c.B * c.T; ++row)
+        for (int64_t j = 0; j < C_; ++j) {
+          gp.push_back(g[row * 3 * C_ + p * C_ + j]);
+          rp.push_back(r[row * 3 * C_ + p * C_ + j]);
+        }
+      EXPECT_LE(RelErr(gp, rp), OutTol()) << part[p] << " (" << path << ")";
+    }
+  }
+
+  mir.PoisonGpu(dqkv);
+  DeviceBuffer ws2 = Workspace(simple_.get());
+  ASSERT_OK(simple_->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
+                                       out.gpu.data(), lse.gpu.as<float>(), ws2.data()));
+  ASSERT_OK(simple_->Synchronize());
+  EXPECT_CLOSE(mir, dqkv, dt, OutTol(), "dqkv (simple)");
+}
+
+// The flash kernels against the simple path on the GPU (same inputs, the
+// simple path's forward results feeding both backward passes), and the flash
+// backward twice: bitwise the same.
+TEST_P(CudaAttentionTest, FlashMatchesSimpleAndIsDeterministic) {
+  const AttnCase c = GetParam();
+  if (!FlashShape(c) || !sm80_) GTEST_SKIP() << "the flash kernels do not take this case";
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto flash, ::strata::testing::MakeBackendUnderTest(o));
+  const DType dt = c.dt;
+  const size_t es = DTypeSize(dt);
+  // Here the "reference" side of the mirrors is the simple CUDA path.
+  ::strata::testing::Mirrors mir(flash.get(), simple_.get());
+  auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -2.f, 2.f), dt);
+  auto dout = mir.MakeFloats(RandomFloats(c.B * c.T * C_, seed_ + 1), dt);
+  Mirror out = mir.Make(c.B * c.T * C_ * es);
+  Mirror lse = mir.Make(c.B * c.H * c.T * 4);
+  DeviceBuffer wf = Workspace(flash.get()), wsim = Workspace(simple_.get());
+  ASSERT_OK(simple_->AttentionForward(shape_, out.ref.data(), lse.ref.as<float>(), qkv.ref.data(), wsim.data()));
+  ASSERT_OK(flash->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), wf.data()));
+  EXPECT_CLOSE(mir, out, dt, OutTol(), "out flash vs simple");
+  EXPECT_CLOSE(mir, lse, DType::kF32, 5e-5, "lse flash vs simple");
+  std::vector<uint8_t> out_first = mir.GpuBytes(out), lse_first = mir.GpuBytes(lse);
+  mir.PoisonGpu(out);
+  mir.PoisonGpu(lse);
+  ASSERT_OK(flash->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), wf.data()));
+  EXPECT_TRUE(mir.GpuBytes(out) == out_first) << "flash forward out differs run to run";
+  EXPECT_TRUE(mir.GpuBytes(lse) == lse_first) << "flash forward lse differs run to run";
+
+  mir.Set(out, mir.RefBytes(out));
+  mir.Set(lse, mir.RefBytes(lse));
+  Mirror dqkv = mir.Make(c.B * c.T * 3 * C_ * es);
+  ASSERT_OK(simple_->AttentionBackward(shape_, dqkv.ref.data(), dout.ref.data(), qkv.ref.data(), out.ref.data(), lse.ref.as<float>(), wsim.data()));
+  ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(), lse.gpu.as<float>(), wf.data()));
+  EXPECT_CLOSE(mir, dqkv, dt, OutTol(), "dqkv flash vs simple");
+  std::vector<uint8_t> first = mir.GpuBytes(dqkv);
+  mir.PoisonGpu(dqkv);
+  ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(), lse.gpu.as<float>(), wf.data()));
+  EXPECT_TRUE(mir.GpuBytes(dqkv) == first) << "flash backward differs run to run";
+}
+
+std::vector<AttnCase> Cases() {
+  const DType bf16 = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
+  return {
+      {"bf16_B2_T1_H3_D32", bf16, 2, 1, 3, 32},
+      {"bf16_B1_T127_H3_D32", bf16, 1, 127, 3, 32},
+      {"bf16_B2_T127_H1_D64", bf16, 2, 127, 1, 64},
+      {"bf16_B1_T1000_H16_D128", bf16, 1, 1000, 16, 128},
+      {"bf16_B2_T130_H12_D64", bf16, 2, 130, 12, 64},
+      {"bf16_B1_T1000_H6_D16", bf16, 1, 1000, 6, 16},
+      {"bf16_B2_T200_H3_D40", bf16, 2, 200, 3, 40},
+      {"bf16_B1_T64_H2_D96", bf16, 1, 64, 2, 96},
+      {"bf16_B1_T127_H5_D20", bf16, 1, 127, 5, 20},
+      {"bf16_B1_T256_H2_D128_scale", bf16, 1, 256, 2, 128, 0.2f},
+      {"f16_B1_T127_H3_D32", f16, 1, 127, 3, 32},
+      {"f16_B1_T1000_H16_D128", f16, 1, 1000, 16, 128},
+      {"f32_B1_T127_H3_D32", f32, 1, 127, 3, 32},
+      {"f32_B2_T1000_H3_D64", f32, 2, 1000, 3, 64},
+  };
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CudaAttentionTest, ::testing::ValuesIn(Cases()),
+                         [](const auto& info) { return info.param.name; });
+
+class CudaAttentionErrorTest : public CudaVsCpu, public ::testing::Test {
+ protected:
+  void SetUp() override { STRATA_SETUP_CUDA_VS_CPU(); }
+};
+
+TEST_F(CudaAttentionErrorTest, FlashForcedOnAShapeItCannotTakeIsInvalidArgument) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer buf, flash->Allocate(1 << 20));
+  AttentionShape f32{1, 16, 2, 32, DType::kF32};
+  EXPECT_THAT(flash->AttentionForward(f32, buf.data(), buf.as<float>(), buf.data(), buf.data()),
+              StatusIs(StatusCode::kInvalidArgument));
+  AttentionShape odd{1, 16, 2, 20, DType::kBF16};
+  EXPECT_THAT(flash->AttentionForward(odd, buf.data(), buf.as<float>(), buf.data(), buf.data()),
+              StatusIs(StatusCode::kInvalidArgument));
+  // Misaligned qkv for the flash kernels.
+  AttentionShape ok{1, 16, 2, 32, DType::kBF16};
+  EXPECT_THAT(flash->AttentionForward(ok, buf.data(), buf.as<float>(),
+                                      static_cast<char*>(buf.data()) + 2, buf.data()),
+              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_OK(flash->Synchronize());
+}
+
+}  // namespace
+}  // namespace strata::kernels
