@@ -33,6 +33,8 @@ for stage in "$@"; do
     nvme) run nvme 150 "$BUILD/bin/strata-bench" nvme --json "$OUT/nvme.json" ;;
     pcie) run pcie 150 "$BUILD/bin/strata-bench" pcie --json "$OUT/pcie.json" ;;
     store) run store 150 "$BUILD/bin/strata-bench" store --json "$OUT/store.json" ;;
+    kernels) run kernels-gpu 300 "$BUILD/bin/kernels_gpu_test" ;;
+    train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$OUT/train.json" ;;
     *) log "unknown stage $stage" ;;
   esac
 done
