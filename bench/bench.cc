@@ -70,7 +70,12 @@ bool ParseOptions(int argc, char** argv, const po::options_description& desc, in
 
 Report::Report(std::string command) : command_(std::move(command)) {}
 
-void Report::Add(nlohmann::json row) { rows_.push_back(std::move(row)); }
+void Report::Add(nlohmann::json row) {
+  // Echo each row as it is measured: a long run killed part-way still shows
+  // what it had (the table comes at the end).
+  std::cerr << "  measured: " << row.dump() << "\n";
+  rows_.push_back(std::move(row));
+}
 
 nlohmann::json Report::WithRatio(nlohmann::json row, double value, double baseline) {
   row["value"] = value;

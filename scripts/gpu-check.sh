@@ -6,19 +6,23 @@
 # its own timeout so one hang does not cost the rest.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
-mkdir -p "$OUT"
+# Logs go to LOGS and are packed into $OUT/logs.tgz at exit (the device tool
+# returns at most 8 files); summary.txt is copied beside it.
+LOGS=${LOGS:-/tmp/gpu-check-logs}
+mkdir -p "$OUT" "$LOGS"
+trap 'cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
 [ -f .devdeps/env.sh ] && source .devdeps/env.sh
-log() { echo "== $*" | tee -a "$OUT/summary.txt"; }
+log() { echo "== $*" | tee -a "$LOGS/summary.txt"; }
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 t=$2; shift 2
   log "$name: $*"
   local start=$SECONDS
-  timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+  timeout "$t" "$@" > "$LOGS/$name.log" 2>&1
   local rc=$?
   log "$name: rc=$rc in $((SECONDS - start))s"
-  tail -n "${TAIL:-25}" "$OUT/$name.log"
+  tail -n "${TAIL:-25}" "$LOGS/$name.log"
   return $rc
 }
 for stage in "$@"; do
@@ -29,12 +33,12 @@ for stage in "$@"; do
       run build 480 cmake --build "$BUILD" -j "$JOBS" ${TARGETS:+--target $TARGETS} || exit 1 ;;
     tests) run gpu-tests 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure ;;
     cputests) run cpu-tests 300 ctest --test-dir "$BUILD" -LE gpu -j 8 --output-on-failure ;;
-    adam) run adam 240 "$BUILD/bin/strata-bench" adam --sizes 64M,200M,1G --threads 1,4,8,16 --json "$OUT/adam.json" ;;
-    nvme) run nvme 150 "$BUILD/bin/strata-bench" nvme --json "$OUT/nvme.json" ;;
-    pcie) run pcie 150 "$BUILD/bin/strata-bench" pcie --json "$OUT/pcie.json" ;;
-    store) run store 150 "$BUILD/bin/strata-bench" store --json "$OUT/store.json" ;;
+    adam) run adam 240 "$BUILD/bin/strata-bench" adam ${ADAM_ARGS:---sizes 64M,200M --threads 1,8,16} --json "$LOGS/adam.json" ;;
+    nvme) run nvme 150 "$BUILD/bin/strata-bench" nvme --json "$LOGS/nvme.json" ;;
+    pcie) run pcie 150 "$BUILD/bin/strata-bench" pcie --json "$LOGS/pcie.json" ;;
+    store) run store 150 "$BUILD/bin/strata-bench" store --json "$LOGS/store.json" ;;
     kernels) run kernels-gpu 300 "$BUILD/bin/kernels_gpu_test" ;;
-    train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$OUT/train.json" ;;
+    train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$LOGS/train.json" ;;
     *) log "unknown stage $stage" ;;
   esac
 done
