@@ -1,8 +1,9 @@
 // NvmeTier: tensor bytes in files on one or more NVMe (or other) directories.
 //
 // - One swap file per directory, opened with O_DIRECT; space is handed out as
-//   4 KiB-aligned extents by an extent allocator (first fit over a free list
-//   with coalescing); the files grow as needed (fallocate) up to the capacity.
+//   4 KiB-aligned extents by an extent allocator (best fit over the holes,
+//   coalescing; tiers/extent_allocator.h); the files grow as needed
+//   (fallocate; ftruncate where fallocate is unsupported) up to the capacity.
 //   Extents are placed on the least-used directory, so several directories
 //   (several drives) share the load.
 // - I/O goes through io_uring (liburing): registered files, registered
@@ -10,13 +11,20 @@
 //   batched submission, `queue_depth` I/Os in flight per ring, transfers split
 //   into `block_size` pieces (DeepSpeed `aio` semantics). Every completion's
 //   result is read: short transfers are re-queued for the rest, -EAGAIN and
-//   -EINTR are retried, anything else becomes an IoError naming the file,
-//   offset and errno.
+//   -EINTR are retried (16 times per piece, then a retryable IoError),
+//   anything else becomes an IoError naming the file, offset and errno. A
+//   transfer with several failing pieces reports the error at the lowest
+//   offset. Reading where a file cut short now ends is DataLoss.
+// - `rings` > 1: a transfer longer than a block is split into contiguous
+//   runs of whole blocks, one per ring, so one large tensor uses them all.
 // - When O_DIRECT is refused (tmpfs) Open fails with Unavailable saying so,
 //   unless `buffered_fallback` is set; it never silently falls back.
 // - Optional checksums per `checksum_block` of each extent (crc32c or
 //   xxhash64) are kept in memory and verified on read: a corrupt or truncated
 //   file is a DataLoss error naming the file and offset, never wrong data.
+//   A write that covers a block only in part leaves it unverified until it is
+//   written whole again; a failed write makes reads of the blocks it touched
+//   DataLoss until they are rewritten.
 // - All OS access goes through an IoEnv (tiers/io_env.h): tests wrap it to
 //   inject EIO, ENOSPC, short transfers, O_DIRECT refusal, deleted files.
 //
@@ -24,8 +32,12 @@
 // destruction. Checkpoints are written elsewhere (engine/).
 //
 // Thread-safety: all methods may be called from any thread. Completion
-// callbacks run on the tier's I/O threads and must not block on other I/O of
-// this tier.
+// callbacks run on the tier's I/O threads; they may start I/O (Read, Write)
+// and Free extents, but must not wait for I/O of this tier (ReadSync and
+// WriteSync refuse there with FailedPrecondition) nor destroy the tier. The
+// caller keeps the buffer of a transfer valid and untouched until its
+// callback, and does not Free an extent or UnregisterBuffer a buffer while a
+// transfer on it is in flight.
 #pragma once
 
 #include <cstdint>
@@ -34,13 +46,12 @@
 #include <string>
 #include <vector>
 
+#include "tiers/checksum.h"  // ChecksumKind
 #include "tiers/status.h"
 
 namespace strata {
 
 class IoEnv;
-
-enum class ChecksumKind : uint8_t { kNone, kCrc32c, kXxh64 };
 
 struct NvmeOptions {
   std::vector<std::string> dirs;        // at least one; each must exist and be writable
@@ -70,21 +81,33 @@ struct NvmeStats {
   uint64_t ios_submitted = 0;                 // block-level I/Os (SQEs)
   uint64_t short_requeued = 0, retried = 0;   // short transfers re-queued, EAGAIN/EINTR retries
   double read_seconds = 0, write_seconds = 0; // summed caller-level latency
-  uint32_t max_inflight = 0;                  // deepest queue seen
+  uint32_t max_inflight = 0;                  // deepest queue seen (block-level I/Os in one ring)
   uint64_t capacity = 0, used = 0;
+  // Added beside the lead's fields:
+  uint64_t fixed_ios = 0;          // block-level I/Os that used a registered buffer
+  uint64_t registered_bytes = 0;   // bytes currently registered for fixed-buffer I/O
+  uint64_t errors = 0;             // caller-level transfers that ended with an error
+  uint64_t checksum_failures = 0;  // blocks whose checksum did not match on read
+  bool fixed_files = false;        // the rings use registered files
+  bool fixed_buffers = false;      // the rings accept registered buffers (RegisterBuffer)
 };
 
 using IoCallback = std::function<void(Status)>;
 
 class NvmeTier {
  public:
+  // InvalidArgument for bad options; NotFound for a missing directory; IoError
+  // (EACCES/EROFS) naming a directory that is not writable; Unavailable
+  // (with errno) when io_uring cannot be set up or O_DIRECT is refused.
   static Result<std::unique_ptr<NvmeTier>> Open(const NvmeOptions& options);
   ~NvmeTier();  // waits for in-flight I/O, closes and removes the files
   NvmeTier(const NvmeTier&) = delete;
   NvmeTier& operator=(const NvmeTier&) = delete;
 
   // OutOfMemory (tier nvme) when the capacity is short; IoError (ENOSPC ...)
-  // when a file cannot grow.
+  // naming the file and the offset it was to grow from when no file can grow
+  // (each directory is tried, least used first). `bytes` is rounded up to
+  // 4096. Free of an extent not allocated here is logged and ignored.
   Result<Extent> Allocate(uint64_t bytes);
   void Free(const Extent& e);
 
@@ -93,14 +116,19 @@ class NvmeTier {
   // `done` runs exactly once, on an I/O thread, with the final status.
   void Write(const Extent& e, uint64_t offset, const void* src, uint64_t bytes, IoCallback done);
   void Read(const Extent& e, uint64_t offset, void* dst, uint64_t bytes, IoCallback done);
-  // Blocking forms of the above.
+  // Blocking forms of the above (FailedPrecondition on an I/O thread).
   Status WriteSync(const Extent& e, uint64_t offset, const void* src, uint64_t bytes);
   Status ReadSync(const Extent& e, uint64_t offset, void* dst, uint64_t bytes);
 
   // Registers [base, base+bytes) for fixed-buffer I/O; transfers whose buffer
   // lies inside a registered range use IORING_OP_{READ,WRITE}_FIXED.
+  // InvalidArgument for an empty range or one overlapping a registered one.
+  // When the kernel refuses (no sparse buffer table before Linux 5.19,
+  // RLIMIT_MEMLOCK too low to pin it, all 64 slots used) the reason is logged
+  // and the range is still accepted: its transfers use unregistered I/O
+  // (stats().registered_bytes says what the kernel took).
   Status RegisterBuffer(void* base, uint64_t bytes);
-  void UnregisterBuffer(void* base);
+  void UnregisterBuffer(void* base);  // `base` as registered
 
   const std::vector<std::string>& files() const;
   bool direct_io() const;  // false only with buffered_fallback on a file system that refused O_DIRECT
