@@ -48,7 +48,8 @@ bool ParseOptions(int argc, char** argv, const po::options_description& desc, in
                   po::positional_options_description* pos) {
   po::variables_map vm;
   try {
-    po::command_line_parser parser(argc - 1, argv + 1);
+    // Like main's argv: the parser skips argv[0] (the subcommand name) itself.
+    po::command_line_parser parser(argc, argv);
     parser.options(desc);
     if (pos) parser.positional(*pos);
     po::store(parser.run(), vm);
