@@ -624,7 +624,7 @@ Status TierStore::Impl::EnsureAllocated(std::unique_lock<std::mutex>& lock, Tens
                       std::to_string(pinned_n) + " pinned copies " + FormatBytes(pinned_b) + ", " +
                       std::to_string(busy_n) + " busy, " + std::to_string(skip.size()) +
                       " that failed to drop)";
-    if (tier == kHost) msg += ", staging " + FormatBytes(options.staging_buffers * options.staging_chunk_bytes);
+    if (tier == kHost && nvme) msg += ", staging " + FormatBytes(options.staging_buffers * options.staging_chunk_bytes);
     return OutOfMemory(Kind(tier), size, use.available(), std::move(msg));
   }
 }
@@ -688,58 +688,73 @@ void TierStore::Impl::GiveStaging(const std::vector<uint8_t*>& bufs) {
   staging_cv.notify_all();
 }
 
-// gpu <-> nvme in chunks through two pinned staging buffers: the PCIe copy
-// of chunk i+1 overlaps the NVMe transfer of chunk i.
+// gpu <-> nvme in chunks through `staging_per_move` pinned staging buffers:
+// up to that many NVMe transfers are in flight while the PCIe copies of the
+// chunks before them run. A buffer is reused only once both its NVMe
+// transfer and its PCIe copy are complete.
 Status TierStore::Impl::Staged(const Side& s, const Side& d, uint64_t bytes, LinkDelta& delta) {
   const uint64_t chunk = options.staging_chunk_bytes;
-  std::vector<uint8_t*> buf = TakeStaging(2);
+  const size_t nb = static_cast<size_t>(options.staging_per_move);
+  std::vector<uint8_t*> buf = TakeStaging(nb);
+  const uint64_t total = std::max<uint64_t>(bytes, 1);  // a 0-byte tensor still has one page on disk
+  const size_t chunks = static_cast<size_t>((total + chunk - 1) / chunk);
+  auto len_of = [&](size_t i) { return std::min(chunk, bytes - std::min(bytes, i * chunk)); };
+  auto io_of = [&](size_t i) { return AlignUp(std::max<uint64_t>(len_of(i), 1), 4096); };
+  std::vector<Latch> nv(nb);          // the buffer's NVMe transfer
+  std::vector<CopyTicket> pcie(nb);   // the buffer's PCIe copy
   double t0 = Now();
   Status first;
   auto keep = [&first](Status st) {
     if (first.ok() && !st.ok()) first = std::move(st);
   };
-  if (s.tier == kGpu) {  // gpu -> host staging -> nvme
-    Latch writes[2];
-    size_t i = 0;
-    for (uint64_t off = 0; off < std::max<uint64_t>(bytes, 1) && first.ok(); off += chunk, ++i) {
-      const int b = i % 2;
-      keep(writes[b].Wait());  // the buffer's previous write is done
+  if (s.tier == kGpu) {  // gpu -> staging -> nvme
+    for (size_t i = 0; i < chunks && first.ok(); ++i) {
+      const size_t b = i % nb;
+      keep(nv[b].Wait());  // the buffer's previous write is done
       if (!first.ok()) break;
-      const uint64_t len = std::min(chunk, bytes - off);
-      const uint64_t io = AlignUp(std::max<uint64_t>(len, 1), 4096);
+      const uint64_t off = i * chunk, len = len_of(i), io = io_of(i);
       if (len > 0) {
-        CopyTicket tk;
-        Status st = EngineCopy(CopyDirection::kDeviceToHost, buf[b], s.ptr + off, len, s.events, {}, &tk);
-        if (st.ok()) st = tk.Wait();
+        Status st = EngineCopy(CopyDirection::kDeviceToHost, buf[b], s.ptr + off, len, s.events, {}, &pcie[b]);
+        if (st.ok()) st = pcie[b].Wait();
         keep(st);
         if (!first.ok()) break;
       }
-      if (io > len) std::memset(buf[b] + len, 0, io - len);
-      writes[b].Start();
-      nvme->Write(d.extent, off, buf[b], io, [&w = writes[b]](Status st) { w.Done(std::move(st)); });
+      if (io > len) std::memset(buf[b] + len, 0, io - len);  // no stale bytes on disk
+      nv[b].Start();
+      nvme->Write(d.extent, off, buf[b], io, [&w = nv[b]](Status st) { w.Done(std::move(st)); });
     }
-    keep(writes[0].Wait());  // never hand the buffers back with I/O in flight
-    keep(writes[1].Wait());
-  } else {  // nvme -> host staging -> gpu
-    CopyTicket up[2];
-    size_t i = 0;
-    for (uint64_t off = 0; off < std::max<uint64_t>(bytes, 1) && first.ok(); off += chunk, ++i) {
-      const int b = i % 2;
-      keep(up[b].Wait());  // the buffer's previous upload is done
+  } else {  // nvme -> staging -> gpu
+    auto read = [&](size_t i) {
+      const size_t b = i % nb;
+      nv[b].Start();
+      nvme->Read(s.extent, i * chunk, buf[b], io_of(i), [&w = nv[b]](Status st) { w.Done(std::move(st)); });
+    };
+    for (size_t i = 0; i < std::min(nb, chunks); ++i) read(i);
+    for (size_t i = 0; i < chunks && first.ok(); ++i) {
+      const size_t b = i % nb;
+      keep(nv[b].Wait());
       if (!first.ok()) break;
-      const uint64_t len = std::min(chunk, bytes - off);
-      const uint64_t io = AlignUp(std::max<uint64_t>(len, 1), 4096);
-      keep(nvme->ReadSync(s.extent, off, buf[b], io));
-      if (!first.ok() || len == 0) break;
-      keep(EngineCopy(CopyDirection::kHostToDevice, d.ptr + off, buf[b], len, d.events, {}, &up[b]));
+      const uint64_t len = len_of(i);
+      if (len > 0) {
+        keep(EngineCopy(CopyDirection::kHostToDevice, d.ptr + i * chunk, buf[b], len, d.events, {}, &pcie[b]));
+        if (!first.ok()) break;
+      }
+      if (i + nb < chunks) {
+        keep(pcie[b].Wait());  // the buffer is about to be refilled
+        if (!first.ok()) break;
+        read(i + nb);
+      }
     }
-    keep(up[0].Wait());
-    keep(up[1].Wait());
+  }
+  // Never hand the buffers back with a transfer in flight, failed or not.
+  for (size_t b = 0; b < nb; ++b) {
+    keep(nv[b].Wait());
+    keep(pcie[b].Wait());
   }
   GiveStaging(buf);
   if (!first.ok()) return first;
   double dt = Now() - t0;
-  const uint64_t io_bytes = AlignUp(std::max<uint64_t>(bytes, 1), 4096);
+  const uint64_t io_bytes = AlignUp(total, 4096);
   if (s.tier == kGpu) {
     delta.Add(kGpuToHost, bytes, dt);
     delta.Add(kHostToNvme, io_bytes, dt);
@@ -835,8 +850,9 @@ void TierStore::Impl::WorkerLoop() {
 // ---- public API ---------------------------------------------------------------
 
 Result<std::unique_ptr<TierStore>> TierStore::Open(TierStoreOptions options) {
-  if (options.staging_buffers < 2)
-    return InvalidArgument("staging_buffers must be >= 2 (a gpu<->nvme move uses two), got " +
+  if (options.staging_per_move < 2 || options.staging_buffers < options.staging_per_move)
+    return InvalidArgument("staging needs 2 <= staging_per_move <= staging_buffers, got " +
+                           std::to_string(options.staging_per_move) + " and " +
                            std::to_string(options.staging_buffers));
   if (options.staging_chunk_bytes == 0 || options.staging_chunk_bytes % 4096 != 0)
     return InvalidArgument("staging_chunk_bytes must be a positive multiple of 4096, got " +
@@ -855,7 +871,7 @@ Result<std::unique_ptr<TierStore>> TierStore::Open(TierStoreOptions options) {
     ASSIGN_OR_RETURN(m.gpu, GpuTier::Open(options.gpu_tier));
     CopyEngineOptions copy = options.copy;
     copy.device = m.gpu->device();
-    copy.stand_in = m.gpu->stand_in();
+    copy.stand_in = copy.stand_in || options.gpu_tier.stand_in;  // else it finds out itself, as the tier did
     ASSIGN_OR_RETURN(m.engine, CopyEngine::Create(copy));
     if (!m.gpu->stand_in()) m.event_pool = std::make_unique<EventPool>(m.gpu->device(), true);
   }

@@ -164,7 +164,8 @@ struct TierStoreOptions {
   std::optional<NvmeOptions> nvme;      // an nvme tier when set
   CopyEngineOptions copy;               // device and stand-in follow gpu_tier
   uint64_t staging_chunk_bytes = 8 * kMiB;  // multi-hop pieces, multiple of 4096
-  int staging_buffers = 4;              // >= 2; each gpu<->nvme move uses two
+  int staging_buffers = 8;              // pinned staging buffers in all
+  int staging_per_move = 4;             // taken by each gpu<->nvme move (>= 2): its pipeline depth
   int worker_threads = 2;               // run Prefetch/Evict/Flush moves
   EvictionPolicy eviction = EvictionPolicy::kLru;
   bool register_host_buffers = true;    // NvmeTier::RegisterBuffer for host slabs

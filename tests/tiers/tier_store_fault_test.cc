@@ -65,6 +65,7 @@ class StoreFault : public ::testing::Test {
     o.host_tier.pin = false;
     o.staging_chunk_bytes = 64 * kKiB;
     o.staging_buffers = 2;
+    o.staging_per_move = 2;
     NvmeOptions n;
     n.dirs = {dir.path()};
     n.capacity_bytes = 32 * kMiB;

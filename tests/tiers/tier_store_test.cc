@@ -34,6 +34,7 @@ struct StoreFixture : ::testing::Test {
     o.copy.chunk_bytes = 64 * kKiB;
     o.staging_chunk_bytes = 64 * kKiB;
     o.staging_buffers = 2;
+    o.staging_per_move = 2;
     if (with_nvme) {
       NvmeOptions n;
       n.dirs = {dir.path()};
@@ -409,6 +410,22 @@ TEST_F(StoreFixture, HomeCopiesAreNeverEvictedAndStagingCountsInTheHostBudget) {
   EXPECT_THAT(r, StatusIs(StatusCode::kOutOfMemory));  // only n's cache could go: not enough
   EXPECT_TRUE(CopyOf(h, kHost).valid);
   EXPECT_EQ(ReadAll(n), RandomBytes(256 * kKiB, 2));
+}
+
+TEST_F(StoreFixture, RejectsBadOptions) {
+  TierStoreOptions o = Options(kMiB, 4 * kMiB);
+  o.staging_per_move = 3;  // more than staging_buffers
+  EXPECT_THAT(TierStore::Open(o), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(kMiB, 4 * kMiB);
+  o.staging_chunk_bytes = 1000;
+  EXPECT_THAT(TierStore::Open(o), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(kMiB, 4 * kMiB);
+  o.worker_threads = 0;
+  EXPECT_THAT(TierStore::Open(o), StatusIs(StatusCode::kInvalidArgument));
+  o = Options(kMiB, 64 * kKiB);  // the staging does not fit in the host budget
+  auto r = TierStore::Open(o);
+  ASSERT_THAT(r, StatusIs(StatusCode::kOutOfMemory));
+  EXPECT_THAT(r.status().ToString(), HasSubstr("staging buffers"));
 }
 
 TEST_F(StoreFixture, ZeroSizedTensors) {
