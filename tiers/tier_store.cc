@@ -955,8 +955,8 @@ Status TierStore::Remove(TensorId id) {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lock(m.mu);
   ASSIGN_OR_RETURN(Tensor * t, m.Lookup(id));
-  m.Drain(lock, t);
   for (;;) {
+    m.Drain(lock, t);
     if (t->AnyPinned())
       return FailedPrecondition("cannot remove tensor '" + t->name + "': it is " + t->Holder());
     if (t->AnyBusy()) {
@@ -966,19 +966,21 @@ Status TierStore::Remove(TensorId id) {
     // Caller work recorded on its streams must finish before the memory is reused.
     std::vector<EventRef> evs;
     for (auto& c : t->copies) evs.insert(evs.end(), c.events.begin(), c.events.end());
-    if (evs.empty()) break;
-    for (auto& c : t->copies) c.io++;
-    lock.unlock();
-    Status s = SyncAll(evs);
-    lock.lock();
-    for (auto& c : t->copies) {
-      c.io--;
-      RemoveEvents(c, evs);
+    if (!evs.empty()) {
+      for (auto& c : t->copies) c.io++;
+      lock.unlock();
+      Status s = SyncAll(evs);
+      lock.lock();
+      for (auto& c : t->copies) {
+        c.io--;
+        RemoveEvents(c, evs);
+      }
+      m.cv.notify_all();
+      RETURN_IF_ERROR(s);
+      continue;  // the lock was released: look again
     }
-    m.cv.notify_all();
-    RETURN_IF_ERROR(s);
+    if (t->jobs.empty() && !t->job_running) break;
   }
-  if (!t->jobs.empty() || t->job_running) return Remove(id);  // queued meanwhile: start over
   for (int k = 0; k < kNumTiers; ++k) {
     m.FreeCopy(t, k);
     if (t->copies[k].extent.valid()) m.nvme->Free(t->copies[k].extent);

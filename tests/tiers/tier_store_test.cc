@@ -400,6 +400,18 @@ TEST_F(StoreFixture, RemoveFreesEveryCopy) {
   EXPECT_NE(again, id);  // ids are not reused
 }
 
+TEST_F(StoreFixture, RemoveRunsTheMovesQueuedBeforeIt) {
+  Open(kMiB, 4 * kMiB);
+  TensorId id = Make("w", 256 * kKiB, kNvme, 1);
+  ASSERT_OK_AND_ASSIGN(Ticket p, store->Prefetch(id, kGpu));
+  ASSERT_OK_AND_ASSIGN(Ticket e, store->Evict(id, kHost));
+  ASSERT_OK(store->Remove(id));
+  EXPECT_OK(p.Wait());
+  EXPECT_OK(e.Wait());
+  EXPECT_EQ(store->gpu_tier()->usage().used, 0u);
+  EXPECT_EQ(store->stats().queue_depth, 0u);
+}
+
 TEST_F(StoreFixture, HomeCopiesAreNeverEvictedAndStagingCountsInTheHostBudget) {
   Open(kMiB, kMiB);
   // Two staging buffers of 64 KiB come out of the host budget.
