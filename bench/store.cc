@@ -125,6 +125,13 @@ int RunStore(int argc, char** argv) {
   o.host_tier.budget_bytes = 2 * set_bytes + size + 64 * kMiB;  // homes of set A, caches of set B, staging
   o.host_tier.slab_bytes = std::min<uint64_t>(kGiB, o.host_tier.budget_bytes);
   o.worker_threads = cfg.workers;
+  if ((CudaDeviceCount() == 0 || cfg.stand_in) && !HasIpcLockCapability() && MemlockLimit() < o.host_tier.budget_bytes) {
+    // mlock would be refused (the library says so and fails); a benchmark
+    // that must run anywhere uses pageable memory instead, and says so.
+    o.host_tier.pin = false;
+    std::cout << "note: RLIMIT_MEMLOCK is " << FormatBytes(MemlockLimit())
+              << " and the process lacks CAP_IPC_LOCK: the host tier runs unpinned (pin_memory false)\n";
+  }
   NvmeOptions nv;
   nv.dirs = {dir.path()};
   nv.block_size = static_cast<uint32_t>(*block_r);

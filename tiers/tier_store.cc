@@ -871,8 +871,13 @@ Result<std::unique_ptr<TierStore>> TierStore::Open(TierStoreOptions options) {
     ASSIGN_OR_RETURN(m.gpu, GpuTier::Open(options.gpu_tier));
     CopyEngineOptions copy = options.copy;
     copy.device = m.gpu->device();
-    copy.stand_in = copy.stand_in || options.gpu_tier.stand_in;  // else it finds out itself, as the tier did
+    // The engine must match the tier: memcpy for the stand-in (which it finds
+    // out itself when there is no GPU, and then says why), CUDA otherwise.
+    copy.stand_in = m.gpu->stand_in() && options.gpu_tier.stand_in;
     ASSIGN_OR_RETURN(m.engine, CopyEngine::Create(copy));
+    if (m.engine->stand_in() != m.gpu->stand_in())
+      return Internal("the copy engine and the gpu tier disagree about the GPU: " + m.engine->description() +
+                      " vs " + m.gpu->description());
     if (!m.gpu->stand_in()) m.event_pool = std::make_unique<EventPool>(m.gpu->device(), true);
   }
   HostTierOptions host = options.host_tier;
