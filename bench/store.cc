@@ -137,7 +137,15 @@ int RunStore(int argc, char** argv) {
   nv.block_size = static_cast<uint32_t>(*block_r);
   nv.queue_depth = static_cast<uint32_t>(cfg.qd);
   o.nvme = nv;
-  auto store = BENCH_VALUE(TierStore::Open(o));
+  auto opened = TierStore::Open(o);
+  if (!opened.ok() && opened.status().code() == StatusCode::kUnavailable &&
+      opened.status().message().find("O_DIRECT") != std::string_view::npos) {
+    std::cout << "note: " << opened.status().ToString()
+              << "\n      running with buffered I/O instead; give --dir on a disk for O_DIRECT figures\n";
+    o.nvme->buffered_fallback = true;
+    opened = TierStore::Open(o);
+  }
+  auto store = BENCH_VALUE(std::move(opened));
   GpuTier* gpu = store->gpu_tier();
   CopyEngine* engine = store->copy_engine();
   NvmeTier* nvme = store->nvme_tier();

@@ -72,6 +72,7 @@ TEST_P(StoreStress, EveryByteMatchesTheReference) {
   n.capacity_bytes = 64 * kMiB;
   n.block_size = 32 * kKiB;
   n.queue_depth = 8;
+  n.buffered_fallback = true;  // where /var/tmp refuses O_DIRECT: same store paths
   o.nvme = n;
   ASSERT_OK_AND_ASSIGN(auto store, TierStore::Open(o));
 

@@ -60,6 +60,7 @@ class StoreGpu : public ::testing::Test {
     o.staging_chunk_bytes = kMiB;
     NvmeOptions n;
     n.dirs = {dir.path()};
+    n.buffered_fallback = true;  // where /var/tmp refuses O_DIRECT: same store paths
     o.nvme = n;
     auto r = TierStore::Open(o);
     ASSERT_OK(r.status());

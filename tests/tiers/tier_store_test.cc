@@ -41,6 +41,7 @@ struct StoreFixture : ::testing::Test {
       n.capacity_bytes = 64 * kMiB;
       n.block_size = 64 * kKiB;
       n.queue_depth = 8;
+      n.buffered_fallback = true;  // where /var/tmp refuses O_DIRECT: same store paths
       o.nvme = n;
     }
     return o;
