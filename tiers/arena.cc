@@ -85,7 +85,7 @@ void Arena::EraseFree(std::map<uintptr_t, FreeBlock>::iterator it) {
   free_by_addr_.erase(it);
 }
 
-uintptr_t Arena::Allocate(uint64_t bytes) {
+uintptr_t Arena::Allocate(uint64_t bytes, bool from_top) {
   uint64_t need = RoundUp(bytes);
   if (need < bytes) {  // overflow
     ++failures_;
@@ -100,7 +100,14 @@ uintptr_t Arena::Allocate(uint64_t bytes) {
   auto fit = free_by_addr_.find(addr);
   FreeBlock fb = fit->second;
   EraseFree(fit);
-  if (fb.bytes > need) InsertFree(addr + need, fb.bytes - need, fb.region);
+  if (fb.bytes > need) {
+    if (from_top) {
+      InsertFree(addr, fb.bytes - need, fb.region);
+      addr += fb.bytes - need;
+    } else {
+      InsertFree(addr + need, fb.bytes - need, fb.region);
+    }
+  }
   live_.emplace(addr, Live{need, fb.region});
   regions_.at(fb.region).live++;
   used_ += need;

@@ -73,7 +73,10 @@ class Arena {
 
   // Best-fit allocation of RoundUp(bytes). Returns 0 when no free block is big
   // enough (the caller turns that into OutOfMemory with its own context).
-  uintptr_t Allocate(uint64_t bytes);
+  // `from_top` carves the block from the top end of the chosen free range
+  // instead of the bottom: long-lived blocks taken from the bottom and
+  // short-lived ones from the top stay apart, which limits fragmentation.
+  uintptr_t Allocate(uint64_t bytes, bool from_top = false);
   // Returns a block to the arena. InvalidArgument (and no change) when `addr`
   // is not the start of a live block.
   Status Free(uintptr_t addr);

@@ -61,13 +61,14 @@ Status SlabTier::GrowLocked(uint64_t need) {
   return Status::OK();
 }
 
-Result<TierBlock> SlabTier::Allocate(uint64_t bytes, std::string_view what) {
+Result<TierBlock> SlabTier::Allocate(uint64_t bytes, std::string_view what, Placement placement) {
   std::lock_guard<std::mutex> lock(mu_);
+  const bool top = placement == Placement::kHigh;
   uint64_t need = arena_.RoundUp(bytes);
-  uintptr_t p = arena_.Allocate(bytes);
+  uintptr_t p = arena_.Allocate(bytes, top);
   if (p == 0) {
     Status grow = GrowLocked(need);
-    if (grow.ok()) p = arena_.Allocate(bytes);
+    if (grow.ok()) p = arena_.Allocate(bytes, top);
     if (p == 0) {
       ++failures_;
       ArenaStats a = arena_.stats();

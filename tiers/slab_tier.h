@@ -38,7 +38,8 @@ class SlabTier : public MemoryTier {
   ~SlabTier() override;
 
   TierKind kind() const override { return config_.kind; }
-  Result<TierBlock> Allocate(uint64_t bytes, std::string_view what = {}) override;
+  Result<TierBlock> Allocate(uint64_t bytes, std::string_view what = {},
+                             Placement placement = Placement::kLow) override;
   TierUsage usage() const override;
   uint64_t alignment() const override { return config_.alignment; }
   uint64_t Trim() override;

@@ -25,6 +25,12 @@ namespace strata {
 
 class MemoryTier;
 
+// Where in its free space a tier places a block: long-lived blocks (home
+// copies, staging) low, short-lived ones (caches) high, so that the churn of
+// the caches does not cut the free space between long-lived blocks into
+// pieces.
+enum class Placement : uint8_t { kLow, kHigh };
+
 // A block of a memory tier: [data(), data() + bytes()). Move-only; gives the
 // memory back to its tier when destroyed or Reset.
 class TierBlock {
@@ -82,7 +88,8 @@ class MemoryTier {
   // request in errors ("tensor layer3.w"). OutOfMemory (tier, requested,
   // available) when the budget cannot hold it; the system's own errors
   // (cudaMalloc, mlock with the RLIMIT_MEMLOCK value) when growing fails.
-  virtual Result<TierBlock> Allocate(uint64_t bytes, std::string_view what = {}) = 0;
+  virtual Result<TierBlock> Allocate(uint64_t bytes, std::string_view what = {},
+                                     Placement placement = Placement::kLow) = 0;
   virtual TierUsage usage() const = 0;
   virtual uint64_t alignment() const = 0;
   // True when blocks are CUDA device memory (the CPU cannot touch them).

@@ -573,7 +573,8 @@ Status TierStore::Impl::EnsureAllocated(std::unique_lock<std::mutex>& lock, Tens
   const uint64_t size = CopyBytes(*t, tier);
   std::unordered_set<Tensor*> skip;  // victims that failed to drop this time
   for (;;) {
-    Result<TierBlock> r = Mem(tier)->Allocate(size, t->name);
+    Result<TierBlock> r =
+        Mem(tier)->Allocate(size, t->name, tier == t->home ? Placement::kLow : Placement::kHigh);
     if (r.ok()) {
       c.block = std::move(r).value();
       if (tier == kHost && t->bytes < size)  // O_DIRECT writes whole pages: no stale bytes on disk

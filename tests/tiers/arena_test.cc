@@ -79,6 +79,26 @@ TEST(Arena, CoalescesBothSides) {
   EXPECT_EQ(a.Allocate(768), kBase);
 }
 
+TEST(Arena, FromTopCarvesTheHighEndAndKeepsLongLivedBlocksApart) {
+  Arena a(256);
+  ASSERT_OK(a.AddRegion(kBase, 256 * 16));
+  uintptr_t home1 = a.Allocate(256 * 2);           // long-lived: bottom
+  uintptr_t cache1 = a.Allocate(256 * 3, true);    // short-lived: top
+  uintptr_t home2 = a.Allocate(256 * 2);
+  uintptr_t cache2 = a.Allocate(256, true);
+  EXPECT_EQ(home1, kBase);
+  EXPECT_EQ(home2, kBase + 256 * 2);
+  EXPECT_EQ(cache1, kBase + 256 * 13);
+  EXPECT_EQ(cache2, kBase + 256 * 12);
+  EXPECT_EQ(a.BlockSize(cache1), 256u * 3);
+  // The caches go: the free space is one range again, next to the homes.
+  ASSERT_OK(a.Free(cache1));
+  ASSERT_OK(a.Free(cache2));
+  EXPECT_EQ(a.stats().free_blocks, 1u);
+  EXPECT_EQ(a.stats().largest_free, 256u * 12);
+  EXPECT_EQ(a.stats().used, 256u * 4);
+}
+
 TEST(Arena, NeverMergesAcrossRegions) {
   Arena a(256);
   ASSERT_OK(a.AddRegion(kBase, 512));
