@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "tests/test_util.h"
+#include "tiers/bytes.h"
 #include "tiers/tier_store.h"
 
 namespace strata::stress {
@@ -55,6 +56,13 @@ struct StressParams {
   bool stand_in = true;   // gpu tier: the stand-in, or the real device
   bool pin_host = false;
 };
+
+// For test names and failure messages.
+inline void PrintTo(const StressParams& p, std::ostream* os) {
+  *os << p.threads << " threads x " << p.ops_per_thread << " ops, " << p.tensors << " tensors, gpu "
+      << FormatBytes(p.gpu_budget) << ", host " << FormatBytes(p.host_budget) << ", "
+      << (p.policy == EvictionPolicy::kLru ? "lru" : "next-use") << ", " << p.workers << " workers";
+}
 
 // How the test reads and writes gpu views: in place on the stand-in, through
 // cudaMemcpy on a real device (store_stress_gpu_test.cc).
