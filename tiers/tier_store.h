@@ -65,7 +65,8 @@
 //
 // THREAD-SAFETY
 // - Every method may be called from any thread. Bookkeeping is under one
-//   mutex held for microseconds; transfers run outside it. Views are plain
+//   mutex held for microseconds (longer only when a tier maps a new slab:
+//   cudaMalloc or pinning, once per slab); transfers run outside it. Views are plain
 //   pointers: synchronizing the caller's own use of a view between its
 //   threads is the caller's business.
 // - Tickets may be waited on from any thread, and outlive the store.
