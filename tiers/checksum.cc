@@ -57,7 +57,7 @@ constexpr size_t kLong = 8192;  // bytes per stream, long interleave
 constexpr size_t kShort = 256;  // bytes per stream, short interleave
 
 struct Crc32cTables {
-  uint32_t slice[8][256];  // slicing-by-8 for the portable path
+  uint32_t slice[8][256];        // slicing-by-8 for the portable path
   uint32_t shift_long[4][256];   // register after kLong zero bytes, per byte of the register
   uint32_t shift_short[4][256];  // same for kShort
 };
@@ -113,9 +113,8 @@ uint32_t RawPortable(uint32_t crc, const uint8_t* p, size_t n) {
   }
   while (n >= 8) {
     uint64_t w = Load64(p) ^ crc;
-    crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^
-          t[4][(w >> 24) & 0xff] ^ t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^
-          t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
+    crc = t[7][w & 0xff] ^ t[6][(w >> 8) & 0xff] ^ t[5][(w >> 16) & 0xff] ^ t[4][(w >> 24) & 0xff] ^
+          t[3][(w >> 32) & 0xff] ^ t[2][(w >> 40) & 0xff] ^ t[1][(w >> 48) & 0xff] ^ t[0][w >> 56];
     p += 8;
     n -= 8;
   }
@@ -131,8 +130,8 @@ uint32_t RawPortable(uint32_t crc, const uint8_t* p, size_t n) {
 // earlier streams' registers over the later streams' lengths: the crc32
 // instruction has a latency of 3 cycles and a throughput of 1, so three
 // streams keep it busy. Consumes whole groups of 3 x stride bytes.
-__attribute__((target("sse4.2"))) uint64_t Interleave3(uint64_t crc, const uint8_t** pp,
-                                                       size_t* np, size_t stride,
+__attribute__((target("sse4.2"))) uint64_t Interleave3(uint64_t crc, const uint8_t** pp, size_t* np,
+                                                       size_t stride,
                                                        const uint32_t table[4][256]) {
   const uint8_t* p = *pp;
   size_t n = *np;
@@ -155,8 +154,7 @@ __attribute__((target("sse4.2"))) uint64_t Interleave3(uint64_t crc, const uint8
   return crc;
 }
 
-__attribute__((target("sse4.2"))) uint32_t RawHardware(uint32_t crc32, const uint8_t* p,
-                                                       size_t n) {
+__attribute__((target("sse4.2"))) uint32_t RawHardware(uint32_t crc32, const uint8_t* p, size_t n) {
   const Crc32cTables& t = Tables();
   uint64_t crc = crc32;
   while (n > 0 && (reinterpret_cast<uintptr_t>(p) & 7) != 0) {

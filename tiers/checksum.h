@@ -21,12 +21,13 @@ namespace strata {
 
 enum class ChecksumKind : uint8_t { kNone, kCrc32c, kXxh64 };
 
-std::string_view ChecksumName(ChecksumKind kind);                 // "none", "crc32c", "xxh64"
+std::string_view ChecksumName(ChecksumKind kind);                   // "none", "crc32c", "xxh64"
 std::optional<ChecksumKind> ParseChecksumKind(std::string_view s);  // also "xxhash64", "xxhash"
 
 // crc32c of data[0, n). Crc32c("123456789") == 0xE3069283.
 uint32_t Crc32c(const void* data, size_t n);
-// Continues a crc32c: Crc32cExtend(Crc32c(a), b) == Crc32c(a || b); Crc32cExtend(0, x) == Crc32c(x).
+// Continues a crc32c: Crc32cExtend(Crc32c(a), b) == Crc32c(a || b); Crc32cExtend(0, x) ==
+// Crc32c(x).
 uint32_t Crc32cExtend(uint32_t crc, const void* data, size_t n);
 
 // XXH64 of data[0, n) with `seed`.

@@ -7,8 +7,7 @@
 namespace strata {
 
 ExtentAllocator::ExtentAllocator(uint64_t alignment, uint64_t limit)
-    : alignment_(IsPowerOfTwo(alignment) ? alignment : 4096),
-      limit_(limit & ~(alignment_ - 1)) {}
+    : alignment_(IsPowerOfTwo(alignment) ? alignment : 4096), limit_(limit & ~(alignment_ - 1)) {}
 
 uint64_t ExtentAllocator::largest_hole() const {
   return by_size_.empty() ? 0 : by_size_.rbegin()->first;

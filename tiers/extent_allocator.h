@@ -41,9 +41,9 @@ class ExtentAllocator {
 
   uint64_t alignment() const { return alignment_; }
   uint64_t limit() const { return limit_; }
-  uint64_t end() const { return end_; }                     // high-water mark
-  uint64_t used() const { return used_; }                   // bytes in live extents
-  uint64_t hole_bytes() const { return end_ - used_; }      // free bytes below end()
+  uint64_t end() const { return end_; }                 // high-water mark
+  uint64_t used() const { return used_; }               // bytes in live extents
+  uint64_t hole_bytes() const { return end_ - used_; }  // free bytes below end()
   size_t hole_count() const { return by_offset_.size(); }
   uint64_t largest_hole() const;
 
@@ -55,8 +55,8 @@ class ExtentAllocator {
   uint64_t limit_;
   uint64_t end_ = 0;
   uint64_t used_ = 0;
-  std::map<uint64_t, uint64_t> by_offset_;            // hole offset -> length
-  std::set<std::pair<uint64_t, uint64_t>> by_size_;   // (length, offset)
+  std::map<uint64_t, uint64_t> by_offset_;           // hole offset -> length
+  std::set<std::pair<uint64_t, uint64_t>> by_size_;  // (length, offset)
 };
 
 }  // namespace strata

@@ -38,10 +38,10 @@ namespace strata {
 // CompleteIo sees it (as submitted) with the completion's result.
 struct IoOp {
   bool write = false;
-  uint32_t file = 0;          // index into NvmeTier::files()
-  int fd = -1;                // that file's descriptor
-  std::string_view path;      // that file's path
-  uint64_t offset = 0;        // absolute byte offset in the file
+  uint32_t file = 0;      // index into NvmeTier::files()
+  int fd = -1;            // that file's descriptor
+  std::string_view path;  // that file's path
+  uint64_t offset = 0;    // absolute byte offset in the file
   void* buf = nullptr;
   uint32_t len = 0;           // bytes to transfer
   uint32_t attempt = 0;       // 0 the first time; +1 per re-queue (short transfer) or retry

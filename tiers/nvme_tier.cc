@@ -50,11 +50,11 @@ namespace strata {
 
 namespace {
 
-constexpr uint64_t kAlign = 4096;              // O_DIRECT alignment of offsets, lengths, buffers
-constexpr unsigned kBufferSlots = 64;          // registered-buffer table size per ring
-constexpr uint64_t kMaxSlotBytes = 1ull << 30; // the kernel's limit for one registered buffer
-constexpr uint32_t kMaxRetries = 16;           // -EAGAIN/-EINTR retries of one piece
-constexpr uint64_t kWakeTag = ~0ull;           // user_data of the eventfd read
+constexpr uint64_t kAlign = 4096;               // O_DIRECT alignment of offsets, lengths, buffers
+constexpr unsigned kBufferSlots = 64;           // registered-buffer table size per ring
+constexpr uint64_t kMaxSlotBytes = 1ull << 30;  // the kernel's limit for one registered buffer
+constexpr uint32_t kMaxRetries = 16;            // -EAGAIN/-EINTR retries of one piece
+constexpr uint64_t kWakeTag = ~0ull;            // user_data of the eventfd read
 constexpr int kMaxRings = 64;
 constexpr uint32_t kMaxQueueDepth = 16384;
 
@@ -105,10 +105,10 @@ struct Part {
   char* buf = nullptr;
   uint64_t bytes = 0;
 
-  uint64_t next = 0;     // bytes already cut into pieces (== bytes: nothing left to cut)
-  uint32_t active = 0;   // pieces cut and not finished (in flight or waiting to be re-queued)
-  bool queued = false;   // in the ring's pending list
-  Status error;          // the error at the lowest offset of this part (see ErrorBefore)
+  uint64_t next = 0;    // bytes already cut into pieces (== bytes: nothing left to cut)
+  uint32_t active = 0;  // pieces cut and not finished (in flight or waiting to be re-queued)
+  bool queued = false;  // in the ring's pending list
+  Status error;         // the error at the lowest offset of this part (see ErrorBefore)
 };
 
 // A caller's Read or Write.
@@ -120,8 +120,18 @@ struct Transfer {
   uint64_t bytes = 0;
   IoCallback done;
   uint64_t start_ns = 0;
-  Status early;                      // a validation error: no I/O is done
+  Status early;  // a validation error: no I/O is done
   std::vector<Part> parts;
+  // Checksum blocks touched, [first_block, first_block + sums.size()) of the
+  // extent (only with checksums on). A piece that holds a whole block computes
+  // its checksum as soon as the piece is done, so the work overlaps the I/O
+  // still in flight; each element is written by that one piece's ring and
+  // read by the ring completing the transfer (ordered by parts_left).
+  size_t first_block = 0;
+  std::vector<uint64_t> sums;         // the data's checksum per block
+  std::vector<uint8_t> computed;      // sums[i] is set
+  std::vector<uint8_t> expect_state;  // reads: the blocks' state at submission
+  std::vector<uint64_t> expect;       // reads: the stored checksums at submission
   // The ring finishing the last part completes the transfer. acq_rel: that
   // ring's acquire sees every other ring's writes to its Part (released by
   // their decrement).
@@ -162,6 +172,9 @@ class RingHost {
   virtual const NvmeOptions& options() const = 0;
   // Registered-buffer slot holding [buf, buf + len), or -1.
   virtual int FindSlot(const void* buf, uint64_t len) const = 0;
+  // A piece of `t` at [pos, pos + len) of the transfer is complete (ring
+  // thread). Returns an error (a checksum mismatch) to fail the transfer.
+  virtual Status PieceDone(Transfer* t, uint64_t pos, uint64_t len) = 0;
   // Runs on the ring thread that finished the transfer's last part.
   virtual void CompleteTransfer(Transfer* t) = 0;
 };
@@ -220,7 +233,9 @@ class Ring {
     return Status::OK();
   }
 
-  void Start() { thread_ = std::thread([this] { Run(); }); }
+  void Start() {
+    thread_ = std::thread([this] { Run(); });
+  }
 
   void Enqueue(Part* p) {
     bool was_empty;
@@ -404,9 +419,9 @@ class Ring {
       return;
     }
     if (op.len == 0 || op.len > want || (f.direct && op.len % kAlign != 0)) {
-      SetPartError(part, Internal("IoEnv::PrepareIo left an invalid length " +
-                                  std::to_string(op.len) + " (wanted at most " +
-                                  std::to_string(want) + ")"));
+      SetPartError(part,
+                   Internal("IoEnv::PrepareIo left an invalid length " + std::to_string(op.len) +
+                            " (wanted at most " + std::to_string(want) + ")"));
       FinishPiece(p);
       return;
     }
@@ -453,8 +468,7 @@ class Ring {
       // first). Reap what is there; if nothing is, back off briefly.
       if (io_uring_cq_ready(&ring_) == 0) {
         if (++busy_rounds_ > 20000) {  // about 2 s
-          Fail(IoError("io_uring keeps refusing submissions on NVMe ring " +
-                           std::to_string(index_),
+          Fail(IoError("io_uring keeps refusing submissions on NVMe ring " + std::to_string(index_),
                        -r));
           return;
         }
@@ -506,9 +520,10 @@ class Ring {
     const SwapFile& f = host_->file(part->file);
     const char* what = op.write ? "NVMe write" : "NVMe read";
     auto end_of_file = [&](uint64_t at) {
-      return DataLoss("NVMe read found the end of the file inside the extent: the swap file is "
-                      "shorter than what was written to it (truncated by someone else?)",
-                      f.path, at);
+      return DataLoss(
+          "NVMe read found the end of the file inside the extent: the swap file is "
+          "shorter than what was written to it (truncated by someone else?)",
+          f.path, at);
     };
     Status error;
     if (res < 0) {
@@ -521,30 +536,40 @@ class Ring {
       if (transient && p->retries < kMaxRetries) {
         ++p->retries;
         retried.fetch_add(1, std::memory_order_relaxed);
+        // From the 5th retry of a piece on, back off (0.25 ms doubling to 8 ms,
+        // about 64 ms over all retries): the kernel or device is short of
+        // something, and a brief stall of this ring beats spinning on it.
+        if (p->retries > 4)
+          std::this_thread::sleep_for(
+              std::chrono::microseconds(250u << std::min(p->retries - 5, 5u)));
         retry_.push_back(p);
         return;
       }
-      error = IoError(std::string(what) + " of " + std::to_string(op.len) + " bytes failed" +
-                          (p->retries ? " after " + std::to_string(p->retries) + " retries"
-                                      : std::string()),
-                      err, f.path, op.offset);
+      error = IoError(
+          std::string(what) + " of " + std::to_string(op.len) + " bytes failed" +
+              (p->retries ? " after " + std::to_string(p->retries) + " retries" : std::string()),
+          err, f.path, op.offset);
     } else if (res == 0) {
-      error = op.write ? IoError("NVMe write made no progress (0 bytes written)", EIO, f.path,
-                                 op.offset)
-                       : end_of_file(op.offset);
+      error = op.write
+                  ? IoError("NVMe write made no progress (0 bytes written)", EIO, f.path, op.offset)
+                  : end_of_file(op.offset);
     } else if (static_cast<uint32_t>(res) > op.len) {
       error = Internal(std::string(what) + " returned " + std::to_string(res) +
                        " bytes for a request of " + std::to_string(op.len));
     } else {
       p->done += static_cast<uint32_t>(res);
+      if (p->done == p->len && !draining)
+        error = host_->PieceDone(
+            part->t, part->file_offset - part->t->extent.offset - part->t->offset + p->pos, p->len);
       if (p->done < p->len) {
         const uint64_t at = op.offset + static_cast<uint64_t>(res);
         if (f.direct && at % kAlign != 0) {
           // Direct I/O cannot go on from an unaligned offset. For a read this
           // only happens where a file that was cut short now ends.
-          error = op.write ? IoError("NVMe write stopped at an unaligned offset; direct I/O "
-                                     "cannot continue",
-                                     EIO, f.path, at)
+          error = op.write ? IoError(
+                                 "NVMe write stopped at an unaligned offset; direct I/O "
+                                 "cannot continue",
+                                 EIO, f.path, at)
                            : end_of_file(at);
         } else if (!draining) {
           short_requeued.fetch_add(1, std::memory_order_relaxed);
@@ -623,13 +648,13 @@ class Ring {
   // Ring-thread state.
   uint64_t wake_value_ = 0;  // the eventfd read lands here
   std::vector<Part*> taken_;
-  std::deque<Part*> pending_;   // parts with pieces left to cut
-  std::deque<Piece*> retry_;    // pieces to submit again (short transfer, EAGAIN)
+  std::deque<Part*> pending_;  // parts with pieces left to cut
+  std::deque<Piece*> retry_;   // pieces to submit again (short transfer, EAGAIN)
   std::vector<std::unique_ptr<Piece>> pool_;
   std::vector<Piece*> free_;
-  uint32_t inflight_ = 0;       // pieces in the ring (SQ or kernel)
+  uint32_t inflight_ = 0;  // pieces in the ring (SQ or kernel)
   uint32_t busy_rounds_ = 0;
-  Status failed_;               // sticky: the ring is unusable
+  Status failed_;  // sticky: the ring is unusable
 };
 
 }  // namespace
@@ -669,17 +694,28 @@ struct NvmeTier::Impl final : RingHost {
 
   mutable std::mutex reg_mu_;  // never held while mu_ is wanted, and vice versa
   std::map<uintptr_t, Registration> regs_ GUARDED_BY(reg_mu_);  // by base address
-  std::map<uintptr_t, Slot> slots_ GUARDED_BY(reg_mu_);          // by slot start address
+  std::map<uintptr_t, Slot> slots_ GUARDED_BY(reg_mu_);         // by slot start address
   std::vector<bool> slot_used_ GUARDED_BY(reg_mu_);
 
   std::atomic<uint32_t> next_ring_{0};
+  // Transfers submitted whose callback has not returned yet. The destructor
+  // waits for zero before stopping the rings, so I/O that callbacks start
+  // while the tier shuts down still finishes. acq_rel on the decrement: the
+  // destructor's acquire sees everything the callbacks did.
+  std::atomic<uint64_t> outstanding_{0};
+  std::mutex drain_mu_;
+  std::condition_variable drain_cv_;
   // Caller-level stats (relaxed: counters).
   std::atomic<uint64_t> bytes_read_{0}, bytes_written_{0}, reads_{0}, writes_{0};
   std::atomic<uint64_t> read_ns_{0}, write_ns_{0}, errors_{0}, checksum_failures_{0};
   std::atomic<uint64_t> registered_bytes_{0};
 
   ~Impl() override {
-    for (auto& r : rings_) r->Stop();  // drains every queued and in-flight transfer
+    {
+      std::unique_lock<std::mutex> l(drain_mu_);
+      drain_cv_.wait(l, [&] { return outstanding_.load(std::memory_order_acquire) == 0; });
+    }
+    for (auto& r : rings_) r->Stop();
     rings_.clear();
     for (auto& f : files_) {
       if (f->fd >= 0) io_env->Close(f->fd);
@@ -703,7 +739,8 @@ struct NvmeTier::Impl final : RingHost {
   // ---- Open -----------------------------------------------------------------------
 
   static Status ValidateOptions(const NvmeOptions& o) {
-    if (o.dirs.empty()) return InvalidArgument("NvmeOptions.dirs is empty: give at least one directory");
+    if (o.dirs.empty())
+      return InvalidArgument("NvmeOptions.dirs is empty: give at least one directory");
     if (o.block_size == 0 || o.block_size % kAlign != 0)
       return InvalidArgument("NvmeOptions.block_size " + std::to_string(o.block_size) +
                              " must be a positive multiple of 4096 (aio.block_size)");
@@ -723,7 +760,7 @@ struct NvmeTier::Impl final : RingHost {
 
   Status OpenFile(const std::string& dir) {
     static std::atomic<uint64_t> seq{0};
-    struct stat st{};
+    struct stat st {};
     int r = io_env->Stat(dir, &st);
     if (r == -ENOENT) return NotFound("NVMe directory '" + dir + "' does not exist");
     if (r < 0) return IoError("cannot stat NVMe directory '" + dir + "'", -r, dir);
@@ -754,8 +791,9 @@ struct NvmeTier::Impl final : RingHost {
       }
       if (fd == -EEXIST && attempt < 100) continue;
       if (fd == -EACCES || fd == -EROFS || fd == -EPERM)
-        return IoError("NVMe directory '" + dir + "' is not writable: cannot create a swap file in it",
-                       -fd, dir);
+        return IoError(
+            "NVMe directory '" + dir + "' is not writable: cannot create a swap file in it", -fd,
+            dir);
       if (fd < 0) return IoError("cannot create NVMe swap file", -fd, path);
       f->fd = fd;
       f->path = path;
@@ -845,8 +883,8 @@ struct NvmeTier::Impl final : RingHost {
       return Extent{fi, *off, aligned};
     }
     if (!first_error.ok()) return first_error;
-    return OutOfMemory(TierKind::kNvme, aligned, 0, "NVMe extent of " + FormatBytes(aligned) +
-                                                        ": no swap file can hold it");
+    return OutOfMemory(TierKind::kNvme, aligned, 0,
+                       "NVMe extent of " + FormatBytes(aligned) + ": no swap file can hold it");
   }
 
   void Free(const Extent& e) {
@@ -865,9 +903,13 @@ struct NvmeTier::Impl final : RingHost {
 
   // ---- Transfers ----------------------------------------------------------------------
 
-  Status Validate(const char* op, const Extent& e, uint64_t offset, const void* buf,
-                  uint64_t bytes) {
-    std::string where = std::string("NvmeTier::") + op + ": ";
+  // Checks a transfer's arguments against the live extents and, with
+  // checksums on, prepares its checksum vectors.
+  Status Validate(Transfer* t) {
+    const Extent& e = t->extent;
+    const uint64_t offset = t->offset, bytes = t->bytes;
+    const void* buf = t->buf;
+    std::string where = std::string("NvmeTier::") + (t->write ? "Write" : "Read") + ": ";
     if (e.file >= files_.size())
       return InvalidArgument(where + "extent names file " + std::to_string(e.file) + " of " +
                              std::to_string(files_.size()));
@@ -887,11 +929,13 @@ struct NvmeTier::Impl final : RingHost {
       return InvalidArgument(where + "extent (file " + std::to_string(e.file) + ", offset " +
                              std::to_string(e.offset) + ", " + std::to_string(e.bytes) +
                              " bytes) is not allocated in this tier");
+    if (opt.checksum != ChecksumKind::kNone && bytes > 0) PrepareChecksums(t, it->second);
     return Status::OK();
   }
 
   void Submit(bool write, const Extent& e, uint64_t offset, void* buf, uint64_t bytes,
               IoCallback done) {
+    outstanding_.fetch_add(1, std::memory_order_relaxed);
     auto* t = new Transfer;
     t->write = write;
     t->extent = e;
@@ -900,7 +944,7 @@ struct NvmeTier::Impl final : RingHost {
     t->bytes = bytes;
     t->done = std::move(done);
     t->start_ns = NowNs();
-    t->early = Validate(write ? "Write" : "Read", e, offset, buf, bytes);
+    t->early = Validate(t);
     const uint32_t first_ring = next_ring_.fetch_add(1, std::memory_order_relaxed);
     const uint64_t block = opt.block_size;
     // Whole blocks per part, as evenly as possible over the rings.
@@ -922,84 +966,101 @@ struct NvmeTier::Impl final : RingHost {
       p.buf = t->buf + i * chunk;
       p.bytes = std::min(chunk, bytes - std::min(bytes, i * chunk));
     }
-    // The last use of `t` here: once enqueued, a ring may complete and free it.
-    std::vector<Part*> parts;
-    for (auto& p : t->parts) parts.push_back(&p);
-    for (size_t i = 0; i < parts.size(); ++i)
-      rings_[(first_ring + i) % rings_.size()]->Enqueue(parts[i]);
+    // `t` is not touched after the last Enqueue: a ring may complete and free
+    // it at once (nparts is a local).
+    for (uint64_t i = 0; i < nparts; ++i)
+      rings_[(first_ring + i) % rings_.size()]->Enqueue(&t->parts[i]);
   }
 
-  // Blocks of the extent touched by [offset, offset + bytes): [first, last].
-  void BlockRange(const Transfer* t, size_t* first, size_t* last) const {
-    *first = t->offset / opt.checksum_block;
-    *last = (t->offset + t->bytes - 1) / opt.checksum_block;
+  // ---- Checksums -----------------------------------------------------------------------
+  //
+  // Block b of an extent is [b * checksum_block, min((b + 1) * checksum_block,
+  // extent bytes)). A transfer verifies (read) or records (write) the blocks
+  // it covers whole; blocks it covers in part become unknown on write.
+
+  uint64_t BlockStart(size_t b) const { return b * opt.checksum_block; }
+  uint64_t BlockEnd(const Transfer* t, size_t b) const {
+    return std::min<uint64_t>(BlockStart(b) + opt.checksum_block, t->extent.bytes);
   }
   bool FullyCovered(const Transfer* t, size_t b) const {
-    uint64_t start = b * opt.checksum_block;
-    uint64_t end = std::min<uint64_t>(start + opt.checksum_block, t->extent.bytes);
-    return start >= t->offset && end <= t->offset + t->bytes;
+    return BlockStart(b) >= t->offset && BlockEnd(t, b) <= t->offset + t->bytes;
   }
   uint64_t BlockChecksum(const Transfer* t, size_t b) const {
-    uint64_t start = b * opt.checksum_block;
-    uint64_t end = std::min<uint64_t>(start + opt.checksum_block, t->extent.bytes);
-    return ComputeChecksum(opt.checksum, t->buf + (start - t->offset), end - start);
+    return ComputeChecksum(opt.checksum, t->buf + (BlockStart(b) - t->offset),
+                           BlockEnd(t, b) - BlockStart(b));
+  }
+  Status Mismatch(const Transfer* t, size_t b, uint64_t stored, uint64_t read) {
+    checksum_failures_.fetch_add(1, std::memory_order_relaxed);
+    return DataLoss("NVMe checksum mismatch (" + std::string(ChecksumName(opt.checksum)) +
+                        "): the block read back is not what was written (stored " + Hex(stored) +
+                        ", read " + Hex(read) + "); the swap file was modified or corrupted",
+                    files_[t->extent.file]->path, t->extent.offset + BlockStart(b));
   }
 
-  void RecordChecksums(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::vector<std::pair<size_t, uint64_t>> sums;
-    for (size_t b = first; b <= last; ++b)
-      if (FullyCovered(t, b)) sums.emplace_back(b, BlockChecksum(t, b));
+  // Sizes the transfer's checksum vectors; for a read, snapshots the blocks'
+  // state and stored checksums. Requires mu_ and a live extent `info`.
+  void PrepareChecksums(Transfer* t, const ExtentInfo& info) REQUIRES(mu_) {
+    const size_t first = t->offset / opt.checksum_block;
+    const size_t last = (t->offset + t->bytes - 1) / opt.checksum_block;
+    const size_t n = last - first + 1;
+    t->first_block = first;
+    t->sums.assign(n, 0);
+    t->computed.assign(n, 0);
+    if (!t->write) {
+      t->expect_state.assign(info.state.begin() + first, info.state.begin() + last + 1);
+      t->expect.assign(info.sums.begin() + first, info.sums.begin() + last + 1);
+    }
+  }
+
+  Status PieceDone(Transfer* t, uint64_t pos, uint64_t len) override {
+    if (t->sums.empty()) return Status::OK();
+    const uint64_t lo = t->offset + pos, hi = lo + len;  // within the extent
+    for (size_t b = (lo + opt.checksum_block - 1) / opt.checksum_block;
+         BlockEnd(t, b) <= hi && BlockStart(b) < hi; ++b) {
+      const size_t i = b - t->first_block;
+      t->sums[i] = BlockChecksum(t, b);
+      t->computed[i] = 1;
+      if (!t->write && t->expect_state[i] == kValid && t->expect[i] != t->sums[i])
+        return Mismatch(t, b, t->expect[i], t->sums[i]);
+    }
+    return Status::OK();
+  }
+
+  // The blocks no piece held whole are done here; then a write publishes its
+  // checksums, a read checks what it has not checked yet.
+  Status FinishChecksums(Transfer* t, bool ok) {
+    const size_t n = t->sums.size();
+    if (ok)
+      for (size_t i = 0; i < n; ++i)
+        if (!t->computed[i] && FullyCovered(t, t->first_block + i)) {
+          t->sums[i] = BlockChecksum(t, t->first_block + i);
+          t->computed[i] = 1;
+          if (!t->write && t->expect_state[i] == kValid && t->expect[i] != t->sums[i])
+            return Mismatch(t, t->first_block + i, t->expect[i], t->sums[i]);
+        }
+    if (!t->write) {
+      if (!ok) return Status::OK();
+      for (size_t i = 0; i < n; ++i)
+        if (t->expect_state[i] == kPoisoned)
+          return DataLoss(
+              "NVMe block of the extent was not written completely: an earlier write to it "
+              "failed",
+              files_[t->extent.file]->path, t->extent.offset + BlockStart(t->first_block + i));
+      return Status::OK();
+    }
     std::lock_guard<std::mutex> l(mu_);
     auto it = live_.find(Key(t->extent.file, t->extent.offset));
-    if (it == live_.end()) return;  // freed meanwhile
+    if (it == live_.end()) return Status::OK();  // freed meanwhile
     ExtentInfo& info = it->second;
-    for (size_t b = first; b <= last; ++b)
-      if (info.state[b] != kPoisoned) info.state[b] = kUnknown;  // partial: no longer known
-    for (auto& [b, sum] : sums) {
-      info.state[b] = kValid;
-      info.sums[b] = sum;
-    }
-  }
-
-  void PoisonBlocks(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::lock_guard<std::mutex> l(mu_);
-    auto it = live_.find(Key(t->extent.file, t->extent.offset));
-    if (it == live_.end()) return;
-    for (size_t b = first; b <= last; ++b) it->second.state[b] = kPoisoned;
-  }
-
-  Status VerifyChecksums(const Transfer* t) {
-    size_t first, last;
-    BlockRange(t, &first, &last);
-    std::vector<uint8_t> state;
-    std::vector<uint64_t> sums;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      auto it = live_.find(Key(t->extent.file, t->extent.offset));
-      if (it == live_.end()) return Status::OK();
-      state.assign(it->second.state.begin() + first, it->second.state.begin() + last + 1);
-      sums.assign(it->second.sums.begin() + first, it->second.sums.begin() + last + 1);
-    }
-    const std::string& path = files_[t->extent.file]->path;
-    for (size_t b = first; b <= last; ++b) {
-      const uint64_t file_off = t->extent.offset + b * opt.checksum_block;
-      if (state[b - first] == kPoisoned)
-        return DataLoss("NVMe block of the extent was not written completely: an earlier write "
-                        "to it failed",
-                        path, file_off);
-      if (state[b - first] != kValid || !FullyCovered(t, b)) continue;
-      uint64_t got = BlockChecksum(t, b);
-      if (got != sums[b - first]) {
-        checksum_failures_.fetch_add(1, std::memory_order_relaxed);
-        return DataLoss("NVMe checksum mismatch (" + std::string(ChecksumName(opt.checksum)) +
-                            "): the block read back is not what was written (stored " +
-                            Hex(sums[b - first]) + ", read " + Hex(got) +
-                            "); the swap file was modified or corrupted",
-                        path, file_off);
+    for (size_t i = 0; i < n; ++i) {
+      const size_t b = t->first_block + i;
+      if (!ok) {
+        info.state[b] = kPoisoned;  // what reached the disk is unknown
+      } else if (t->computed[i]) {
+        info.state[b] = kValid;
+        info.sums[b] = t->sums[i];
+      } else if (info.state[b] != kPoisoned) {
+        info.state[b] = kUnknown;  // written in part: no longer known
       }
     }
     return Status::OK();
@@ -1010,14 +1071,9 @@ struct NvmeTier::Impl final : RingHost {
     if (s.ok())
       for (const Part& p : t->parts)
         if (ErrorBefore(p.error, s)) s = p.error;
-    if (t->early.ok() && opt.checksum != ChecksumKind::kNone && t->bytes > 0) {
-      if (!s.ok()) {
-        if (t->write) PoisonBlocks(t);
-      } else if (t->write) {
-        RecordChecksums(t);
-      } else {
-        s = VerifyChecksums(t);
-      }
+    if (!t->sums.empty()) {
+      Status c = FinishChecksums(t, s.ok());
+      if (s.ok()) s = c;
     }
     const uint64_t ns = NowNs() - t->start_ns;
     if (t->write) {
@@ -1033,6 +1089,10 @@ struct NvmeTier::Impl final : RingHost {
     IoCallback done = std::move(t->done);
     delete t;
     if (done) done(std::move(s));
+    if (outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      std::lock_guard<std::mutex> l(drain_mu_);
+      drain_cv_.notify_all();
+    }
   }
 
   Status SyncTransfer(bool write, const Extent& e, uint64_t offset, void* buf, uint64_t bytes) {
@@ -1061,7 +1121,9 @@ struct NvmeTier::Impl final : RingHost {
   // ---- Registered buffers -------------------------------------------------------------
 
   int FindSlot(const void* buf, uint64_t len) const override {
-    if (!fixed_buffers_) return -1;
+    // Fast path without the lock when nothing is registered (a registration
+    // racing with this only means one more unregistered I/O).
+    if (!fixed_buffers_ || registered_bytes_.load(std::memory_order_relaxed) == 0) return -1;
     const uintptr_t a = reinterpret_cast<uintptr_t>(buf);
     std::lock_guard<std::mutex> l(reg_mu_);
     auto it = slots_.upper_bound(a);

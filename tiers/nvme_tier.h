@@ -83,7 +83,7 @@ struct NvmeStats {
   double read_seconds = 0, write_seconds = 0; // summed caller-level latency
   uint32_t max_inflight = 0;                  // deepest queue seen (block-level I/Os in one ring)
   uint64_t capacity = 0, used = 0;
-  // Added beside the lead's fields:
+  // Registered I/O, errors and checksums:
   uint64_t fixed_ios = 0;          // block-level I/Os that used a registered buffer
   uint64_t registered_bytes = 0;   // bytes currently registered for fixed-buffer I/O
   uint64_t errors = 0;             // caller-level transfers that ended with an error

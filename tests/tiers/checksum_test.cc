@@ -34,8 +34,23 @@ TEST(Crc32c, KnownVectors) {
 TEST(Crc32c, BothPathsAgreeOnAwkwardLengthsAndAlignments) {
   // Long enough for the 3 x 8 KiB interleave plus the 3 x 256 B one and tails.
   auto data = testing::RandomBytes(3 * 8192 * 2 + 3 * 256 + 77, 11);
-  std::vector<size_t> lengths = {0, 1, 7, 8, 9, 15, 255, 256, 767, 768, 769, 1000, 4096,
-                                 3 * 8192 - 1, 3 * 8192, 3 * 8192 + 1, 3 * 8192 + 3 * 256 + 5};
+  std::vector<size_t> lengths = {0,
+                                 1,
+                                 7,
+                                 8,
+                                 9,
+                                 15,
+                                 255,
+                                 256,
+                                 767,
+                                 768,
+                                 769,
+                                 1000,
+                                 4096,
+                                 3 * 8192 - 1,
+                                 3 * 8192,
+                                 3 * 8192 + 1,
+                                 3 * 8192 + 3 * 256 + 5};
   lengths.push_back(data.size() - 8);
   for (size_t misalign = 0; misalign < 8; ++misalign) {
     for (size_t n : lengths) {
@@ -95,10 +110,10 @@ TEST(XxHash64, SanityVectors) {
     uint64_t want;
   };
   const V vectors[] = {
-      {0, 0, 0xEF46DB3751D8E999ull},   {0, kPrime32, 0xAC75FDA2929B17EFull},
-      {1, 0, 0xE934A84ADB052768ull},   {1, kPrime32, 0x5014607643A9B4C3ull},
-      {4, 0, 0x9136A0DCA57457EEull},   {14, 0, 0x8282DCC4994E35C8ull},
-      {14, kPrime32, 0xC3BD6BF63DEB6DF0ull}, {222, 0, 0xB641AE8CB691C174ull},
+      {0, 0, 0xEF46DB3751D8E999ull},          {0, kPrime32, 0xAC75FDA2929B17EFull},
+      {1, 0, 0xE934A84ADB052768ull},          {1, kPrime32, 0x5014607643A9B4C3ull},
+      {4, 0, 0x9136A0DCA57457EEull},          {14, 0, 0x8282DCC4994E35C8ull},
+      {14, kPrime32, 0xC3BD6BF63DEB6DF0ull},  {222, 0, 0xB641AE8CB691C174ull},
       {222, kPrime32, 0x20CB8AB7AE10C14Aull},
   };
   for (const V& v : vectors) {
@@ -125,7 +140,8 @@ TEST(Checksum, KindsNamesAndDispatch) {
   EXPECT_FALSE(ParseChecksumKind("md5").has_value());
   std::string s = "123456789";
   EXPECT_EQ(ComputeChecksum(ChecksumKind::kCrc32c, s.data(), s.size()), 0xE3069283u);
-  EXPECT_EQ(ComputeChecksum(ChecksumKind::kXxh64, s.data(), s.size()), XxHash64(s.data(), s.size()));
+  EXPECT_EQ(ComputeChecksum(ChecksumKind::kXxh64, s.data(), s.size()),
+            XxHash64(s.data(), s.size()));
   EXPECT_EQ(ComputeChecksum(ChecksumKind::kNone, s.data(), s.size()), 0u);
 }
 

@@ -85,8 +85,8 @@ TEST(ExtentAllocator, RejectsBadAndDoubleFrees) {
   EXPECT_THAT(a.Free(x, 0), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(a.Free(x, 100 * kA), StatusIs(StatusCode::kInvalidArgument));  // beyond end
   ASSERT_OK(a.Free(x + kA, kA));
-  EXPECT_THAT(a.Free(x + kA, kA), StatusIs(StatusCode::kInvalidArgument));   // same again
-  EXPECT_THAT(a.Free(x, 2 * kA), StatusIs(StatusCode::kInvalidArgument));    // overlaps it
+  EXPECT_THAT(a.Free(x + kA, kA), StatusIs(StatusCode::kInvalidArgument));  // same again
+  EXPECT_THAT(a.Free(x, 2 * kA), StatusIs(StatusCode::kInvalidArgument));   // overlaps it
   EXPECT_THAT(a.Free(x, 4 * kA), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_EQ(a.used(), 4 * kA);  // the rejected frees changed nothing
   ASSERT_OK(a.Free(x, kA));

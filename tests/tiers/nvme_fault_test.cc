@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <mutex>
+#include <tuple>
 
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
@@ -29,7 +30,8 @@ using ::testing::HasSubstr;
 
 class Buf {
  public:
-  explicit Buf(size_t n) : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n, 4096)))) {}
+  explicit Buf(size_t n)
+      : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n, 4096)))) {}
   Buf(size_t n, uint64_t seed) : Buf(n) {
     auto r = testing::RandomBytes(n, seed);
     std::memcpy(p_, r.data(), n);
@@ -108,11 +110,11 @@ class FaultEnv : public IoEnvWrapper {
   }
 };
 
-#define OPEN_OR_SKIP(var, opts)                                              \
-  auto var##_r = NvmeTier::Open(opts);                                       \
-  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable)  \
-    GTEST_SKIP() << var##_r.status().ToString();                             \
-  ASSERT_OK(var##_r.status());                                               \
+#define OPEN_OR_SKIP(var, opts)                                             \
+  auto var##_r = NvmeTier::Open(opts);                                      \
+  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable) \
+    GTEST_SKIP() << var##_r.status().ToString();                            \
+  ASSERT_OK(var##_r.status());                                              \
   std::unique_ptr<NvmeTier> var = std::move(var##_r).value()
 
 // A tier with three 3-MiB extents A, B, C of known data, written before any
@@ -193,7 +195,7 @@ TEST_F(NvmeFault, ReadEioNamesFileOffsetAndErrno) {
   EXPECT_EQ(got.path(), file());
   EXPECT_EQ(got.offset(), bad);
   EXPECT_FALSE(got.retryable());
-  ExpectIntact();  // B too: the injected failure was one read
+  ExpectIntact();              // B too: the injected failure was one read
   EXPECT_EQ(calls.load(), 1);  // exactly once, even with later pieces drained
   EXPECT_EQ(tier_->stats().errors, 1u);
 }
@@ -261,7 +263,9 @@ TEST(NvmeFaultDirs, FallocateEnospcInOneDirectoryUsesTheOther) {
   OPEN_OR_SKIP(tier, o);
   // Both files are empty, so file 0 is tried first: fail only that attempt.
   std::atomic<int> calls{0};
-  env.fallocate = [&](uint64_t, uint64_t) { return calls.fetch_add(1) == 0 ? -ENOSPC : FaultEnv::kForward; };
+  env.fallocate = [&](uint64_t, uint64_t) {
+    return calls.fetch_add(1) == 0 ? -ENOSPC : FaultEnv::kForward;
+  };
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
   EXPECT_EQ(e.file, 1u);
   EXPECT_EQ(calls.load(), 2);
@@ -397,7 +401,9 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
     ASSERT_OK(tier->WriteSync(e, 0, src.back()->data(), kN));
   }
   const uint64_t bad = ext[2].offset + 5 * kMiB + 256 * kKiB;
-  env.complete = [&](const IoOp& op, int32_t res) { return op.offset == bad ? int32_t{-EIO} : res; };
+  env.complete = [&](const IoOp& op, int32_t res) {
+    return op.offset == bad ? int32_t{-EIO} : res;
+  };
   std::vector<std::unique_ptr<Buf>> back;
   std::mutex mu;
   std::condition_variable cv;
@@ -432,7 +438,9 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
 TEST(NvmeFaultOpen, ODirectRefused) {
   TempDir d;
   FaultEnv env;
-  env.open = [](const std::string&, int flags) { return (flags & O_DIRECT) ? -EINVAL : FaultEnv::kForward; };
+  env.open = [](const std::string&, int flags) {
+    return (flags & O_DIRECT) ? -EINVAL : FaultEnv::kForward;
+  };
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
@@ -476,7 +484,8 @@ TEST(NvmeFaultOpen, RealTmpfs) {
       EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
       EXPECT_THAT(r.status().ToString(), HasSubstr("O_DIRECT"));
     } else {
-      EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable)) << "io_uring missing is the only other excuse";
+      EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable))
+          << "io_uring missing is the only other excuse";
     }
   }
   std::filesystem::remove_all(dir);
@@ -617,14 +626,19 @@ TEST_F(NvmeFault, DeletedFileKeepsWorkingUntilClosed) {
   tier_.reset();
 }
 
-class NvmeCorruption : public NvmeFault, public ::testing::WithParamInterface<ChecksumKind> {};
+// (checksum, block size): 1 MiB pieces hold whole 256 KiB checksum blocks
+// (checked as each piece lands); 64 KiB pieces do not (checked at the end).
+using CorruptionParam = std::tuple<ChecksumKind, uint32_t>;
+class NvmeCorruption : public NvmeFault, public ::testing::WithParamInterface<CorruptionParam> {};
 
 // Garbage written into the file with an ordinary descriptor: with checksums
 // on, reading the block is DataLoss naming the file and the block's offset;
 // reads that do not cover the block, and the other extents, are fine.
 TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
+  const ChecksumKind kind = std::get<0>(GetParam());
   NvmeOptions o;
-  o.checksum = GetParam();
+  o.checksum = kind;
+  o.block_size = std::get<1>(GetParam());
   o.checksum_block = 256 * kKiB;
   ASSERT_NO_FATAL_FAILURE(OpenTier(o));
   SKIP_IF_NO_TIER();
@@ -644,7 +658,7 @@ TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
   EXPECT_EQ(s.path(), file());
   EXPECT_EQ(s.offset(), block);
   EXPECT_THAT(s.ToString(), HasSubstr("checksum mismatch"));
-  EXPECT_THAT(s.ToString(), HasSubstr(std::string(ChecksumName(GetParam()))));
+  EXPECT_THAT(s.ToString(), HasSubstr(std::string(ChecksumName(kind))));
   EXPECT_EQ(tier_->stats().checksum_failures, 1u);
   // The first two blocks of B are still good.
   Buf head(512 * kKiB);
@@ -653,9 +667,16 @@ TEST_P(NvmeCorruption, CorruptedBlockIsDataLoss) {
   ExpectIntact(1);
 }
 
+std::string CorruptionName(const ::testing::TestParamInfo<CorruptionParam>& info) {
+  return std::string(ChecksumName(std::get<0>(info.param))) + "_bs" +
+         std::to_string(std::get<1>(info.param) / 1024) + "k";
+}
+
 INSTANTIATE_TEST_SUITE_P(Kinds, NvmeCorruption,
-                         ::testing::Values(ChecksumKind::kCrc32c, ChecksumKind::kXxh64),
-                         [](const auto& info) { return std::string(ChecksumName(info.param)); });
+                         ::testing::Combine(::testing::Values(ChecksumKind::kCrc32c,
+                                                              ChecksumKind::kXxh64),
+                                            ::testing::Values(1024u * 1024, 64u * 1024)),
+                         CorruptionName);
 
 // A failed write leaves the blocks it touched unknown on disk: with checksums
 // on, reading them is DataLoss until they are written again.

@@ -31,7 +31,8 @@ using ::testing::HasSubstr;
 // A 4096-aligned heap buffer.
 class Buf {
  public:
-  explicit Buf(size_t n) : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n ? n : 1, 4096)))) {}
+  explicit Buf(size_t n)
+      : n_(n), p_(static_cast<uint8_t*>(std::aligned_alloc(4096, AlignUp(n ? n : 1, 4096)))) {}
   Buf(size_t n, uint64_t seed) : Buf(n) {
     auto r = testing::RandomBytes(n, seed);
     std::memcpy(p_, r.data(), n);
@@ -85,11 +86,11 @@ NvmeOptions Options(const TempDir& dir) {
   return o;
 }
 
-#define OPEN_OR_SKIP(var, opts)                                              \
-  auto var##_r = NvmeTier::Open(opts);                                       \
-  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable)  \
-    GTEST_SKIP() << var##_r.status().ToString();                             \
-  ASSERT_OK(var##_r.status());                                               \
+#define OPEN_OR_SKIP(var, opts)                                             \
+  auto var##_r = NvmeTier::Open(opts);                                      \
+  if (!var##_r.ok() && var##_r.status().code() == StatusCode::kUnavailable) \
+    GTEST_SKIP() << var##_r.status().ToString();                            \
+  ASSERT_OK(var##_r.status());                                              \
   std::unique_ptr<NvmeTier> var = std::move(var##_r).value()
 
 TEST(NvmeTier, OpenMakesOneFilePerDirectoryAndRemovesThem) {
@@ -135,7 +136,11 @@ TEST(NvmeTier, RejectsBadOptions) {
   EXPECT_THAT(r, StatusIs(StatusCode::kNotFound));
   EXPECT_THAT(r.status().ToString(), HasSubstr(d.File("missing")));
   // A file is not a directory.
-  { FILE* f = std::fopen(d.File("plain").c_str(), "w"); ASSERT_NE(f, nullptr); std::fclose(f); }
+  {
+    FILE* f = std::fopen(d.File("plain").c_str(), "w");
+    ASSERT_NE(f, nullptr);
+    std::fclose(f);
+  }
   o.dirs = {d.File("plain")};
   EXPECT_THAT(NvmeTier::Open(o), StatusIs(StatusCode::kInvalidArgument));
 }
@@ -183,7 +188,7 @@ TEST(NvmeTier, FilesGrowAsExtentsAreHandedOutAndHolesAreReused) {
   TempDir d;
   NvmeOptions o = Options(d);
   OPEN_OR_SKIP(tier, o);
-  struct stat st{};
+  struct stat st {};
   ASSERT_EQ(::stat(tier->files()[0].c_str(), &st), 0);
   EXPECT_EQ(st.st_size, 0);
   ASSERT_OK_AND_ASSIGN(Extent a, tier->Allocate(3 * kMiB));
@@ -253,7 +258,8 @@ TEST(NvmeTier, BadTransfersFailThroughTheCallback) {
   EXPECT_THAT(tier->WriteSync(e, 0, buf.data(), 1000), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(tier->WriteSync(e, 0, buf.data() + 8, 4096), StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(tier->ReadSync(e, 0, buf.data(), 128 * kKiB), StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(tier->ReadSync(e, 64 * kKiB, buf.data(), 4096), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(tier->ReadSync(e, 64 * kKiB, buf.data(), 4096),
+              StatusIs(StatusCode::kInvalidArgument));
   Extent other = e;
   other.file = 7;
   EXPECT_THAT(tier->ReadSync(other, 0, buf.data(), 4096), StatusIs(StatusCode::kInvalidArgument));
@@ -284,7 +290,8 @@ TEST_P(NvmeMatrix, AsyncRoundTrip) {
   o.overlap_events = overlap;
   o.rings = rings;
   OPEN_OR_SKIP(tier, o);
-  const uint64_t sizes[] = {4 * kKiB, 20 * kKiB, 64 * kKiB, 68 * kKiB, 300 * kKiB, kMiB + 12 * kKiB};
+  const uint64_t sizes[] = {4 * kKiB,  20 * kKiB,  64 * kKiB,
+                            68 * kKiB, 300 * kKiB, kMiB + 12 * kKiB};
   std::vector<Extent> ext;
   std::vector<std::unique_ptr<Buf>> src, dst;
   uint64_t pieces = 0;
@@ -387,7 +394,8 @@ TEST(NvmeTier, RegisteredBuffersUseFixedIo) {
     GTEST_SKIP() << "the kernel refused to register 2 MiB (RLIMIT_MEMLOCK?)";
   EXPECT_EQ(tier->stats().registered_bytes, 2 * kMiB);
   // Overlapping registrations are the caller's bug.
-  EXPECT_THAT(tier->RegisterBuffer(pool.data() + kMiB, 2 * kMiB), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(tier->RegisterBuffer(pool.data() + kMiB, 2 * kMiB),
+              StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(tier->RegisterBuffer(nullptr, 10), StatusIs(StatusCode::kInvalidArgument));
 
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(2 * kMiB));
@@ -434,6 +442,33 @@ TEST(NvmeTier, DestructorDrainsInFlightTransfers) {
   }  // destroyed with the writes queued
   EXPECT_EQ(calls.load(), 32);
   EXPECT_EQ(ok.load(), 32);
+}
+
+// I/O started by a callback while the tier is being destroyed still runs to
+// its callback (the rings stop only when no transfer is outstanding).
+TEST(NvmeTier, DestructorWaitsForIoStartedByCallbacks) {
+  TempDir d;
+  NvmeOptions o = Options(d);
+  o.rings = 2;  // the last read goes back to ring 0, the first ring to stop
+  std::atomic<int> last_ok{0};
+  Buf src(kMiB, 21), dst(kMiB);
+  {
+    OPEN_OR_SKIP(tier, o);
+    NvmeTier* t = tier.get();
+    ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
+    // write -> read -> read, each started from the previous callback.
+    tier->Write(e, 0, src.data(), kMiB, [&, t, e](Status s) {
+      if (!s.ok()) return;
+      t->Read(e, 0, dst.data(), kMiB, [&, t, e](Status s2) {
+        if (!s2.ok()) return;
+        t->Read(e, 0, dst.data(), kMiB, [&](Status s3) {
+          if (s3.ok()) ++last_ok;
+        });
+      });
+    });
+  }
+  EXPECT_EQ(last_ok.load(), 1);
+  EXPECT_TRUE(src == dst);
 }
 
 TEST(NvmeTier, CallbacksMayStartIoButNotWaitForIt) {
@@ -523,7 +558,8 @@ TEST(NvmeTier, RandomizedStressAgainstReference) {
           live.push_back({*e, std::move(ref)});
         } else if (op == 1) {  // rewrite a page range
           Live& l = live[rng() % live.size()];
-          uint64_t pages = l.e.bytes / 4096, first = rng() % pages, count = 1 + rng() % (pages - first);
+          uint64_t pages = l.e.bytes / 4096, first = rng() % pages,
+                   count = 1 + rng() % (pages - first);
           Buf patch(count * 4096, rng());
           if (!tier->WriteSync(l.e, first * 4096, patch.data(), patch.size()).ok()) ++bad;
           std::memcpy(l.ref->data() + first * 4096, patch.data(), patch.size());
