@@ -52,6 +52,10 @@ class TierBlock {
 
   void Reset();
   void* data() const { return data_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
   // The usable size: the request rounded up to the tier's alignment.
   uint64_t bytes() const { return bytes_; }
   MemoryTier* tier() const { return tier_; }

@@ -1,0 +1,66 @@
+// Checkpoints: model weights as safetensors under Hugging Face GPT-2 names
+// (loadable by transformers' GPT2LMHeadModel), optimizer state, and a
+// manifest (config, step, data position, loss-scaler state).
+//
+//   DIR/step-000040/model.safetensors      fp32 master weights, HF names/layouts
+//   DIR/step-000040/optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> (fp32)
+//   DIR/step-000040/manifest.json
+//   DIR/latest                             "step-000040"
+//
+// Saving is atomic: everything is written into a temporary directory,
+// fsynced, renamed into place, and only then does `latest` move (written to a
+// temp file, fsynced, renamed). A crash at any point leaves the previous
+// checkpoint and `latest` intact.
+//
+// Resuming restores the fp32 master weights and moments exactly; the
+// low-precision parameters are the master rounded again (which is what the
+// optimizer had written), so a resumed run continues bit-identically.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "kernels/gpt.h"
+#include "optim/loss_scaler.h"
+#include "tiers/status.h"
+
+namespace strata {
+
+// One buffer of the model as the trainer holds it (engine/trainer.cc):
+// reads and writes its fp32 master, m and v as host arrays of `numel`.
+struct CheckpointShard {
+  kernels::GptBuffer kind = kernels::GptBuffer::kBlock;
+  int layer = -1;
+  int64_t numel = 0;
+  std::function<Status(float* master, float* m, float* v)> read;
+  std::function<Status(const float* master, const float* m, const float* v)> write;
+};
+
+struct TrainState {
+  int64_t step = 0;
+  uint64_t data_position = 0;
+  optim::LossScaler::State scaler;
+  std::string precision;
+};
+
+// Writes a checkpoint of `state` under `dir` (created if needed). `config`
+// is recorded in the manifest. Progress lines go to `log` when given.
+Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+                      const std::vector<CheckpointShard>& shards, const TrainState& state,
+                      const nlohmann::json& config, std::ostream* log);
+
+// Reads the checkpoint at `dir` (a step directory, or a save directory whose
+// `latest` names one) into the shards and `state`. A model whose shape
+// differs, a missing or truncated file, a tensor of the wrong shape or dtype:
+// each is an error naming the file and the tensor, and nothing is written
+// into the shards before every check passed... except that the shards are
+// written one by one after validation of both files as a whole.
+Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+                      const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path);
+
+}  // namespace strata

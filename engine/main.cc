@@ -1,0 +1,132 @@
+// strata: the command-line front end.
+//
+//   strata train [--config FILE] [--data PATH] [--steps N] [--save DIR] [--save-every N]
+//                [--resume DIR] [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
+//                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
+//
+// With no --config it trains the small default GPT on the bundled corpus
+// (data/kjv.txt), on the GPU if there is one, else on the CPU backend.
+#include <unistd.h>
+
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <boost/program_options.hpp>
+
+#include "engine/config.h"
+#include "engine/trainer.h"
+#include "tiers/bytes.h"
+
+namespace po = boost::program_options;
+
+namespace {
+
+#ifndef STRATA_DATA_DIR
+#define STRATA_DATA_DIR "data"
+#endif
+
+std::string DefaultData() {
+  const char* env = std::getenv("STRATA_DATA_DIR");
+  return std::string(env && *env ? env : STRATA_DATA_DIR) + "/kjv.txt";
+}
+
+int Usage(std::ostream& os, int code) {
+  os << "usage: strata train [options]     train a GPT (strata train --help)\n"
+        "       strata --version\n";
+  return code;
+}
+
+int Fail(const strata::Status& s) {
+  std::cerr << "strata: " << s.ToString() << "\n";
+  return s.code() == strata::StatusCode::kInvalidArgument ? 2 : 1;
+}
+
+int Train(int argc, char** argv) {
+  std::string config_path, data, save, resume, gpu_limit, host_limit, log_json, backend = "auto";
+  int64_t steps = -1, save_every = 0;
+  int threads = 0;
+  bool dry_run = false;
+  po::options_description desc("strata train options");
+  desc.add_options()("help,h", "show this help")(
+      "config", po::value(&config_path)->value_name("FILE"),
+      "DeepSpeed-style ds_config.json with strata's model/data/trainer sections (default: the small built-in GPT)")(
+      "data", po::value(&data)->value_name("PATH"), "training data: a text file or an llm.c/nanoGPT token file")(
+      "steps", po::value(&steps)->value_name("N"), "optimizer steps to train (default: trainer.steps, 40)")(
+      "save", po::value(&save)->value_name("DIR"), "write checkpoints under DIR (at the end, and every --save-every)")(
+      "save-every", po::value(&save_every)->value_name("N"), "steps between checkpoints")(
+      "resume", po::value(&resume)->value_name("DIR"), "continue from a checkpoint (a step directory or a --save DIR)")(
+      "gpu-memory-limit", po::value(&gpu_limit)->value_name("SIZE"),
+      "GPU memory strata may use, e.g. 24GiB (default: what the card has free)")(
+      "host-memory-limit", po::value(&host_limit)->value_name("SIZE"),
+      "pinned host memory strata may use (default: 80% of the available memory)")(
+      "dry-run", po::bool_switch(&dry_run), "print the placement plan and exit")(
+      "log-json", po::value(&log_json)->value_name("FILE"), "also append one JSON line per logged step to FILE")(
+      "backend", po::value(&backend)->value_name("NAME"), "auto, cpu or cuda")(
+      "threads", po::value(&threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)");
+  po::variables_map vm;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
+    if (vm.count("help")) {
+      std::cout << "usage: strata train [options]\n" << desc << "\n";
+      return 0;
+    }
+    po::notify(vm);
+  } catch (const std::exception& e) {
+    std::cerr << "strata train: " << e.what() << "\n";
+    return Usage(std::cerr, 2);
+  }
+
+  strata::TrainOptions o;
+  std::vector<std::string> warnings;
+  if (!config_path.empty()) {
+    auto c = strata::LoadConfig(config_path, 1, &warnings);
+    if (!c.ok()) return Fail(c.status());
+    o.config = *c;
+  }
+  for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  if (!data.empty()) o.config.data.path = data;
+  o.default_data = DefaultData();
+  o.steps = steps;
+  o.save_dir = save;
+  o.save_every = save_every;
+  o.resume_dir = resume;
+  o.log_json = log_json;
+  o.backend = backend;
+  o.cpu_threads = threads;
+  o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+  if (steps == 0) return Fail(strata::InvalidArgument("--steps must be at least 1"));
+  if (save_every < 0) return Fail(strata::InvalidArgument("--save-every must not be negative"));
+  for (auto [text, out] : {std::pair{&gpu_limit, &o.gpu_memory_limit}, std::pair{&host_limit, &o.host_memory_limit}}) {
+    if (text->empty()) continue;
+    auto b = strata::ParseBytes(*text);
+    if (!b.ok()) return Fail(b.status().WithContext(out == &o.gpu_memory_limit ? "--gpu-memory-limit" : "--host-memory-limit"));
+    *out = *b;
+  }
+  if (dry_run) {
+    auto plan = strata::Trainer::DryRun(o);
+    if (!plan.ok()) return Fail(plan.status());
+    std::cout << *plan;
+    return 0;
+  }
+  auto t = strata::Trainer::Create(o, std::cerr);
+  if (!t.ok()) return Fail(t.status());
+  strata::Status s = (*t)->Run(std::cout);
+  if (!s.ok()) return Fail(s);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2) return Usage(std::cerr, 2);
+  std::string cmd = argv[1];
+  if (cmd == "-h" || cmd == "--help" || cmd == "help") return Usage(std::cout, 0);
+  if (cmd == "--version" || cmd == "version") {
+    std::cout << "strata 0.1.0\n";
+    return 0;
+  }
+  if (cmd == "train") return Train(argc - 1, argv + 1);
+  std::cerr << "strata: unknown command '" << cmd << "'\n";
+  return Usage(std::cerr, 2);
+}

@@ -1,0 +1,1206 @@
+// The offload trainer. Read top to bottom it is the step:
+//   Create      backend, plan, store, tensors, init/resume          (setup)
+//   Step        Forward -> Head -> Backward -> StartOptimizer       (one step)
+//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward)
+//   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
+#include "engine/trainer.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstring>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "engine/data.h"
+#include "engine/gpt_init.h"
+#include "engine/safetensors.h"
+#include "kernels/backend.h"
+#include "kernels/gpt.h"
+#include "optim/cpu_adam.h"
+#include "optim/gpu_adam.h"
+#include "optim/grad_clip.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule.h"
+#include "tiers/bytes.h"
+#include "tiers/device.h"
+#include "tiers/half.h"
+#include "tiers/tier_store.h"
+
+namespace strata {
+
+using kernels::GptBuffer;
+using kernels::GptConfig;
+using kernels::GptLayers;
+
+namespace {
+
+double Now() {
+  using namespace std::chrono;
+  return duration<double>(steady_clock::now().time_since_epoch()).count();
+}
+
+uint64_t HostAvailableBytes() {
+  std::ifstream f("/proc/meminfo");
+  std::string key;
+  uint64_t kb = 0;
+  std::string unit;
+  while (f >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return 8 * kGiB;
+}
+
+Result<DType> PrecisionDType(const Config& c) {
+  if (c.bf16) return DType::kBF16;
+  if (c.fp16.enabled) return DType::kF16;
+  return DType::kF32;
+}
+
+
+int64_t TotalSteps(const TrainOptions& o) { return o.steps >= 0 ? o.steps : o.config.trainer.steps; }
+
+// FLOPs per trained token as the MFU convention counts them (DESIGN.md):
+// 6 N for the parameter GEMMs forward and backward, plus 12 L d T for attention.
+double ModelFlopsPerToken(const GptConfig& g, int64_t seq) {
+  return 6.0 * static_cast<double>(g.NumParameters()) +
+         12.0 * static_cast<double>(g.n_layer) * static_cast<double>(g.n_embd) * static_cast<double>(seq);
+}
+
+Result<optim::LrSchedule> MakeLrSchedule(const Config& c, int64_t total_steps) {
+  const auto& p = c.scheduler.params;
+  auto num = [&](const char* k, double def) { return p.count(k) ? p.at(k).get<double>() : def; };
+  auto integer = [&](const char* k, int64_t def) {
+    return p.count(k) ? static_cast<int64_t>(p.at(k).get<double>()) : def;
+  };
+  auto wtype = [&]() -> Result<optim::WarmupType> {
+    return optim::ParseWarmupType(p.count("warmup_type") ? p.at("warmup_type").get<std::string>() : "log");
+  };
+  const std::string& t = c.scheduler.type;
+  Result<optim::LrSchedule> r = InvalidArgument("scheduler");
+  if (t.empty()) {
+    r = optim::LrSchedule::Constant(c.optimizer.lr);
+  } else if (t == "WarmupLR") {
+    optim::WarmupLRParams w;
+    w.warmup_min_lr = num("warmup_min_lr", 0);
+    if (p.count("warmup_max_lr")) w.warmup_max_lr = num("warmup_max_lr", 0);
+    w.warmup_num_steps = integer("warmup_num_steps", 1000);
+    ASSIGN_OR_RETURN(w.warmup_type, wtype());
+    r = optim::LrSchedule::WarmupLR(w, c.optimizer.lr);
+  } else if (t == "WarmupDecayLR") {
+    optim::WarmupDecayLRParams w;
+    w.total_num_steps = integer("total_num_steps", total_steps);
+    w.warmup_min_lr = num("warmup_min_lr", 0);
+    w.warmup_max_lr = num("warmup_max_lr", 0.001);
+    w.warmup_num_steps = integer("warmup_num_steps", 1000);
+    ASSIGN_OR_RETURN(w.warmup_type, wtype());
+    r = optim::LrSchedule::WarmupDecayLR(w);
+  } else if (t == "WarmupCosineLR") {
+    optim::WarmupCosineLRParams w;
+    w.total_num_steps = integer("total_num_steps", total_steps);
+    w.warmup_min_ratio = num("warmup_min_ratio", 0);
+    w.warmup_num_steps = integer("warmup_num_steps", 1000);
+    w.cos_min_ratio = num("cos_min_ratio", 0.0001);
+    ASSIGN_OR_RETURN(w.warmup_type, wtype());
+    r = optim::LrSchedule::WarmupCosineLR(w, c.optimizer.lr);
+  } else if (t == "OneCycle") {
+    optim::OneCycleParams o;
+    o.cycle_min_lr = num("cycle_min_lr", 0);
+    o.cycle_max_lr = num("cycle_max_lr", 0);
+    o.decay_lr_rate = num("decay_lr_rate", 0);
+    o.cycle_first_step_size = integer("cycle_first_step_size", 2000);
+    if (p.count("cycle_second_step_size")) o.cycle_second_step_size = integer("cycle_second_step_size", 0);
+    o.decay_step_size = integer("decay_step_size", 0);
+    o.cycle_momentum = p.count("cycle_momentum") ? p.at("cycle_momentum").get<bool>() : true;
+    o.cycle_min_mom = num("cycle_min_mom", 0.8);
+    o.cycle_max_mom = num("cycle_max_mom", 0.9);
+    o.decay_mom_rate = num("decay_mom_rate", 0);
+    r = optim::LrSchedule::OneCycle(o);
+  } else {
+    return InvalidArgument(c.source + ": scheduler.type \"" + t + "\" is not implemented");
+  }
+  if (!r.ok()) return r.status().WithContext(c.source + ": scheduler (" + t + ")");
+  return r;
+}
+
+}  // namespace
+
+// One optimizer shard: a buffer of the model (embedding, a block, ln_f) with
+// all its tensors in the store.
+struct Shard {
+  std::string name;       // "emb", "blk3", "lnf"
+  GptBuffer kind = GptBuffer::kBlock;
+  int layer = -1;
+  int64_t numel = 0;
+  TensorId p, g, w, m, v;  // params (dtype), grads (f32), master, exp_avg, exp_avg_sq (f32)
+  TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
+};
+
+struct Trainer::Impl {
+  TrainOptions opt;
+  Config cfg;
+  GptConfig gcfg;
+  DType dtype = DType::kF32;
+  int64_t B = 0, T = 0, A = 1, L = 0, C = 0;
+  std::unique_ptr<kernels::Backend> backend;
+  std::optional<GptLayers> layers;
+  PlanInputs plan_in;
+  Plan plan;
+  uint64_t gpu_budget = 0, host_budget = 0;
+  std::unique_ptr<TierStore> store;
+  std::unique_ptr<optim::CpuAdam> adam;
+  std::optional<optim::LossScaler> scaler;
+  std::optional<optim::LrSchedule> schedule;
+  std::unique_ptr<DataLoader> data;
+  double peak_flops = 0;  // measured GEMM rate of the backend (FLOP/s)
+  std::string peak_what;
+  std::ostream* log = &std::cerr;
+
+  std::vector<Shard> shards;                // 0: embedding, 1..L: blocks, L+1: ln_f
+  std::vector<std::vector<TensorId>> ck;    // [L+1][A]: layer inputs (ck[L]: head input)
+
+  // GPU scratch, carved from the store's GPU tier.
+  TierBlock block_scratch, head_scratch, tokens_dev, targets_dev, losses_dev, stats_dev, xbuf;
+  std::vector<TierBlock> dx;                // [A] residual-stream gradients [B,T,C]
+  size_t block_scratch_bytes = 0, head_scratch_bytes = 0;
+  // Host staging (pinned, from the host tier) for GPU-home grads/params with a host optimizer.
+  TierBlock grad_staging, param_staging;
+
+  std::vector<int32_t> tok_host, tgt_host;  // [A][B*T]
+  std::vector<float> loss_host;
+
+  int64_t step = 0;  // optimizer steps taken
+
+  // ---- optimizer thread ------------------------------------------------------
+  struct OptJob {
+    int64_t step = 0;        // the step number this update produces (1-based)
+    bool skip = false;       // fp16 overflow: nothing to update
+    double grad_multiplier = 1;
+    optim::AdamHyper hyper;
+  };
+  std::thread opt_thread;
+  std::mutex mu;
+  std::condition_variable cv;
+  std::optional<OptJob> job;          // GUARDED_BY(mu)
+  bool stop = false;                  // GUARDED_BY(mu)
+  std::vector<int64_t> updated;       // GUARDED_BY(mu): optimizer steps applied per shard
+  Status opt_error;                   // GUARDED_BY(mu): sticky
+  double opt_seconds = 0;             // GUARDED_BY(mu): of the last job
+
+  // ---- setup -------------------------------------------------------------------
+  Status Setup();
+  Status CreateTensors();
+  Status InitModel();
+  Status MeasurePeak();
+
+  // ---- the step ----------------------------------------------------------------
+  Status WaitShard(size_t s, double* wait_s);
+  Status WaitAllUpdated();
+  void PrefetchParams(const std::vector<size_t>& next);
+  Status Forward(double* wait_s);
+  Status Head(double dloss);
+  Status Backward(double* wait_s);
+  void OptimizerLoop();
+  Status UpdateShard(Shard& sh, const OptJob& j);
+  Status ForwardEval(int64_t batches, double* loss);
+
+  // ---- state I/O (init, checkpoints, tests) -------------------------------------
+  // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
+  // parameters become the master rounded to the compute dtype.
+  Status WriteShardState(Shard& s, const float* master, const float* m, const float* v);
+  Status ReadShardState(Shard& s, float* master, float* m, float* v);
+  std::vector<CheckpointShard> CheckpointShards();
+  TrainState CurrentState() const;
+
+  void* stream() const { return backend->native_stream(); }
+  bool cuda() const { return backend->kind() == kernels::BackendKind::kCuda; }
+};
+
+// ---- setup ---------------------------------------------------------------------
+
+namespace {
+
+Result<GptConfig> MakeGptConfig(const Config& c) {
+  GptConfig g;
+  g.n_layer = c.model.n_layer;
+  g.n_embd = c.model.n_embd;
+  g.n_head = c.model.n_head;
+  g.vocab_size = c.model.vocab_size;
+  g.padded_vocab_size = 0;
+  g.seq_len = c.model.seq_len;
+  RETURN_IF_ERROR(g.Validate().WithContext(c.source + ": model"));
+  return g;
+}
+
+Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
+  if (o.backend == "cpu") return kernels::MakeCpuBackend(o.cpu_threads);
+  if (o.backend == "cuda") return kernels::MakeCudaBackend(0);
+  if (o.backend != "auto")
+    return InvalidArgument("backend \"" + o.backend + "\" is not allowed (allowed: auto, cpu, cuda)");
+  auto cuda = kernels::MakeCudaBackend(0);
+  if (cuda.ok()) return cuda;
+  return kernels::MakeCpuBackend(o.cpu_threads);
+}
+
+}  // namespace
+
+Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
+                      size_t block_scratch, size_t head_scratch, uint64_t gpu_budget, uint64_t host_budget,
+                      PlanInputs* in) {
+  const int64_t B = cfg.micro_batch, T = cfg.model.seq_len, C = g.n_embd;
+  in->n_layer = g.n_layer;
+  in->layer_params = static_cast<uint64_t>(kernels::BlockLayout::For(C).numel);
+  in->embedding_params = static_cast<uint64_t>(kernels::EmbeddingLayout::For(g.Vp(), g.seq_len, C).numel);
+  in->final_params = static_cast<uint64_t>(kernels::LnFLayout::For(C).numel);
+  in->param_bytes = DTypeSize(dtype);
+  in->checkpoint_bytes = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
+  in->grad_accum = cfg.grad_accum;
+  in->layer_workspace = block_scratch;
+  // The head's scratch, the embedding/ln_f gradients held through backward,
+  // one spare activation (evaluation), tokens/targets/losses.
+  in->head_workspace = head_scratch + (in->embedding_params + in->final_params) * 4 + in->checkpoint_bytes;
+  in->fixed_gpu = static_cast<uint64_t>(cfg.grad_accum * B * T) * 12 + (1 << 20);
+  in->gpu_budget = gpu_budget;
+  in->host_budget = host_budget;
+  const auto& zo = cfg.zero;
+  in->have_nvme = !zo.offload_optimizer.nvme_path.empty() || !zo.offload_param.nvme_path.empty();
+  in->offload_param = zo.offload_param.device;
+  in->offload_optimizer = zo.offload_optimizer.device;
+  in->cpu_checkpointing = cfg.activation_checkpointing.cpu_checkpointing;
+  in->optimizer_chunk_params = std::max<uint64_t>(in->layer_params, 1);
+  (void)o;
+  return Status::OK();
+}
+
+Status Trainer::Impl::Setup() {
+  cfg = opt.config;
+  ASSIGN_OR_RETURN(gcfg, MakeGptConfig(cfg));
+  ASSIGN_OR_RETURN(dtype, PrecisionDType(cfg));
+  B = cfg.micro_batch;
+  T = cfg.model.seq_len;
+  A = cfg.grad_accum;
+  L = gcfg.n_layer;
+  C = gcfg.n_embd;
+  if (cfg.world_size != 1)
+    return Unavailable("strata train runs one process on one GPU so far; world size is " +
+                       std::to_string(cfg.world_size));
+
+  ASSIGN_OR_RETURN(backend, MakeBackend(opt));
+  ASSIGN_OR_RETURN(GptLayers gl, GptLayers::Make(backend.get(), gcfg, B, T, dtype));
+  layers.emplace(std::move(gl));
+  block_scratch_bytes = layers->block_scratch_bytes();
+  head_scratch_bytes = layers->head_scratch_bytes();
+
+  // Budgets.
+  const bool cuda = backend->kind() == kernels::BackendKind::kCuda;
+  if (opt.gpu_memory_limit) {
+    gpu_budget = opt.gpu_memory_limit;
+  } else if (cuda) {
+    ASSIGN_OR_RETURN(GpuInfo info, QueryGpu(0));
+    gpu_budget = info.free_bytes > 512 * kMiB ? info.free_bytes - 512 * kMiB : info.free_bytes / 2;
+  } else {
+    gpu_budget = 4 * kGiB;  // the stand-in: host memory standing for a GPU
+  }
+  host_budget = opt.host_memory_limit ? opt.host_memory_limit : HostAvailableBytes() / 10 * 8;
+
+  RETURN_IF_ERROR(MakePlanInputs(opt, cfg, gcfg, dtype, block_scratch_bytes, head_scratch_bytes, gpu_budget,
+                                 host_budget, &plan_in));
+  ASSIGN_OR_RETURN(plan, MakePlan(plan_in));
+
+  RETURN_IF_ERROR(MeasurePeak());
+
+  // The store.
+  TierStoreOptions so;
+  so.gpu = true;
+  so.gpu_tier.budget_bytes = gpu_budget;
+  so.gpu_tier.stand_in = !cuda;
+  so.host_tier.budget_bytes = host_budget;
+  so.host_tier.pin = cfg.zero.offload_optimizer.pin_memory && cfg.zero.offload_param.pin_memory;
+  so.copy.stand_in = !cuda;
+  so.eviction = EvictionPolicy::kLru;
+  if (plan.optimizer == TierKind::kNvme || plan.params == TierKind::kNvme) {
+    NvmeOptions no;
+    std::string dir = !cfg.zero.offload_optimizer.nvme_path.empty() ? cfg.zero.offload_optimizer.nvme_path
+                                                                    : cfg.zero.offload_param.nvme_path;
+    no.dirs = {dir};
+    no.block_size = static_cast<uint32_t>(cfg.aio.block_size);
+    no.queue_depth = static_cast<uint32_t>(cfg.aio.queue_depth);
+    no.rings = cfg.aio.intra_op_parallelism;
+    no.single_submit = cfg.aio.single_submit;
+    no.overlap_events = cfg.aio.overlap_events;
+    no.env = opt.nvme_env;
+    so.nvme = no;
+  }
+  ASSIGN_OR_RETURN(store, TierStore::Open(so));
+
+  optim::CpuAdam::Options ao;
+  ao.threads = opt.cpu_threads;
+  ASSIGN_OR_RETURN(adam, optim::CpuAdam::Create(ao));
+
+  optim::LossScalerConfig lsc;
+  if (cfg.fp16.enabled) {
+    lsc.loss_scale = cfg.fp16.loss_scale;
+    lsc.initial_scale_power = cfg.fp16.initial_scale_power;
+    lsc.loss_scale_window = cfg.fp16.loss_scale_window;
+    lsc.hysteresis = cfg.fp16.hysteresis;
+    lsc.consecutive_hysteresis = cfg.fp16.consecutive_hysteresis;
+    lsc.min_loss_scale = cfg.fp16.min_loss_scale;
+  } else {
+    lsc.loss_scale = 1.0;  // bf16/fp32: a static scale of 1
+  }
+  ASSIGN_OR_RETURN(optim::LossScaler ls, optim::LossScaler::Create(lsc));
+  scaler.emplace(ls);
+  ASSIGN_OR_RETURN(optim::LrSchedule sched, MakeLrSchedule(cfg, TotalSteps(opt)));
+  schedule.emplace(sched);
+
+  ASSIGN_OR_RETURN(data, DataLoader::Open(cfg.data, opt.default_data, static_cast<int>(gcfg.vocab_size),
+                                          static_cast<int>(B), static_cast<int>(T)));
+  RETURN_IF_ERROR(CreateTensors());
+  updated.assign(shards.size(), 0);  // re-set after a resume
+  if (!opt.resume_dir.empty()) {
+    TrainState ts;
+    std::string path;
+    RETURN_IF_ERROR(LoadCheckpoint(opt.resume_dir, gcfg, CheckpointShards(), &ts, &path));
+    step = ts.step;
+    data->set_position(ts.data_position);
+    RETURN_IF_ERROR(scaler->Restore(ts.scaler));
+    std::fill(updated.begin(), updated.end(), step);
+    *log << "resumed from " << path << " at step " << step << "\n";
+  } else {
+    RETURN_IF_ERROR(InitModel());
+  }
+  opt_thread = std::thread([this] { OptimizerLoop(); });
+  return Status::OK();
+}
+
+Status Trainer::Impl::MeasurePeak() {
+  // The backend's GEMM rate, the physical baseline of MFU, measured now.
+  const bool cuda = backend->kind() == kernels::BackendKind::kCuda;
+  const int64_t n = cuda ? 8192 : 384;
+  const DType t = cuda ? DType::kBF16 : DType::kF32;
+  const size_t bytes = static_cast<size_t>(n * n) * DTypeSize(t);
+  ASSIGN_OR_RETURN(auto a, backend->Allocate(bytes));
+  ASSIGN_OR_RETURN(auto b, backend->Allocate(bytes));
+  ASSIGN_OR_RETURN(auto c, backend->Allocate(bytes));
+  {
+    std::vector<uint16_t> h(static_cast<size_t>(n * n));
+    std::vector<float> f(static_cast<size_t>(n * n));
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> d(-1, 1);
+    for (size_t i = 0; i < h.size(); ++i) f[i] = d(rng), h[i] = FloatToBF16(f[i]);
+    const void* src = cuda ? static_cast<const void*>(h.data()) : static_cast<const void*>(f.data());
+    RETURN_IF_ERROR(backend->CopyToDevice(a.data(), src, bytes));
+    RETURN_IF_ERROR(backend->CopyToDevice(b.data(), src, bytes));
+  }
+  kernels::GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data();
+  g.b = b.data();
+  g.c = c.data();
+  g.lda = g.ldb = g.ldc = n;
+  g.ab_dtype = g.c_dtype = t;
+  RETURN_IF_ERROR(backend->Gemm(g));  // warm-up
+  RETURN_IF_ERROR(backend->Synchronize());
+  const int reps = cuda ? 10 : 3;
+  double t0 = Now();
+  for (int i = 0; i < reps; ++i) RETURN_IF_ERROR(backend->Gemm(g));
+  RETURN_IF_ERROR(backend->Synchronize());
+  double dt = Now() - t0;
+  peak_flops = 2.0 * static_cast<double>(n) * n * n * reps / dt;
+  std::ostringstream os;
+  os << n << "^3 " << DTypeName(t) << " GEMM " << std::fixed << std::setprecision(1) << peak_flops / 1e12
+     << " TFLOP/s";
+  peak_what = os.str();
+  return Status::OK();
+}
+
+Status Trainer::Impl::CreateTensors() {
+  const int64_t Vp = gcfg.Vp();
+  auto add_shard = [&](std::string name, GptBuffer kind, int layer, int64_t numel) -> Status {
+    Shard s;
+    s.name = std::move(name);
+    s.kind = kind;
+    s.layer = layer;
+    s.numel = numel;
+    const bool host_opt = plan.optimizer != TierKind::kGpu;
+    s.opt_home = plan.optimizer;
+    s.g_home = plan.grads;
+    if (!host_opt) s.p_home = TierKind::kGpu;
+    else if (kind == GptBuffer::kBlock && !plan.params_resident) s.p_home = plan.params;
+    else s.p_home = TierKind::kGpu;
+    const Shape shape{numel};
+    ASSIGN_OR_RETURN(s.p, store->Create(s.name + ".p", dtype, shape, s.p_home));
+    ASSIGN_OR_RETURN(s.g, store->Create(s.name + ".g", DType::kF32, shape, s.g_home));
+    ASSIGN_OR_RETURN(s.w, store->Create(s.name + ".w", DType::kF32, shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.m, store->Create(s.name + ".m", DType::kF32, shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.v, store->Create(s.name + ".v", DType::kF32, shape, s.opt_home));
+    shards.push_back(std::move(s));
+    return Status::OK();
+  };
+  // Scratch first: the working set must be there whatever the store caches.
+  GpuTier* gt = store->gpu_tier();
+  ASSIGN_OR_RETURN(block_scratch, gt->Allocate(std::max<size_t>(block_scratch_bytes, 256), "block scratch"));
+  ASSIGN_OR_RETURN(head_scratch, gt->Allocate(std::max<size_t>(head_scratch_bytes, 256), "head scratch"));
+  const uint64_t act = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
+  for (int64_t a = 0; a < A; ++a) {
+    ASSIGN_OR_RETURN(TierBlock d, gt->Allocate(act, "residual gradient"));
+    dx.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(xbuf, gt->Allocate(act, "evaluation activations"));
+  ASSIGN_OR_RETURN(tokens_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "tokens"));
+  ASSIGN_OR_RETURN(targets_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "targets"));
+  ASSIGN_OR_RETURN(losses_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "losses"));
+  ASSIGN_OR_RETURN(stats_dev, gt->Allocate(256, "gradient statistics"));
+
+  RETURN_IF_ERROR(add_shard("emb", GptBuffer::kEmbedding, -1,
+                            kernels::EmbeddingLayout::For(Vp, gcfg.seq_len, C).numel));
+  for (int l = 0; l < L; ++l)
+    RETURN_IF_ERROR(add_shard("blk" + std::to_string(l), GptBuffer::kBlock, l, kernels::BlockLayout::For(C).numel));
+  RETURN_IF_ERROR(add_shard("lnf", GptBuffer::kLnF, -1, kernels::LnFLayout::For(C).numel));
+
+  ck.assign(static_cast<size_t>(L + 1), {});
+  for (int64_t l = 0; l <= L; ++l)
+    for (int64_t a = 0; a < A; ++a) {
+      ASSIGN_OR_RETURN(TensorId id, store->Create("x" + std::to_string(l) + "." + std::to_string(a), dtype,
+                                                  Shape{B, T, C}, plan.checkpoints));
+      ck[static_cast<size_t>(l)].push_back(id);
+    }
+
+  if (plan.optimizer != TierKind::kGpu) {
+    int64_t max_numel = 0;
+    for (const auto& s : shards) max_numel = std::max(max_numel, s.numel);
+    HostTier* ht = store->host_tier();
+    if (plan.grads == TierKind::kGpu) {
+      ASSIGN_OR_RETURN(grad_staging, ht->Allocate(static_cast<uint64_t>(max_numel) * 4, "gradient staging"));
+    }
+    ASSIGN_OR_RETURN(param_staging,
+                     ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(dtype), "parameter staging"));
+  }
+  tok_host.resize(static_cast<size_t>(A * B * T));
+  tgt_host.resize(static_cast<size_t>(A * B * T));
+  loss_host.resize(static_cast<size_t>(A * B * T));
+  return Status::OK();
+}
+
+// Writes master = init, m = v = 0, params = master rounded to the compute dtype.
+Status Trainer::Impl::InitModel() {
+  for (auto& s : shards) {
+    ASSIGN_OR_RETURN(std::vector<float> master, InitShard(gcfg, s.kind, s.layer, s.numel, cfg.trainer.seed));
+    RETURN_IF_ERROR(WriteShardState(s, master.data(), nullptr, nullptr));
+  }
+  return Status::OK();
+}
+
+
+// ---- state I/O -------------------------------------------------------------------
+
+Status Trainer::Impl::WriteShardState(Shard& s, const float* master, const float* m, const float* v) {
+  const size_t n = static_cast<size_t>(s.numel);
+  const uint64_t fbytes = n * 4;
+  RETURN_IF_ERROR(store->Write(s.w, master, fbytes));
+  std::vector<float> zeros;
+  if (!m || !v) zeros.assign(n, 0.f);
+  RETURN_IF_ERROR(store->Write(s.m, m ? m : zeros.data(), fbytes));
+  RETURN_IF_ERROR(store->Write(s.v, v ? v : zeros.data(), fbytes));
+  std::vector<uint8_t> p(n * DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    std::memcpy(p.data(), master, fbytes);
+  } else {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
+    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
+  }
+  RETURN_IF_ERROR(store->Write(s.p, p.data(), p.size()));
+  // Gradients start as zeros so that padding never holds garbage.
+  if (zeros.empty()) zeros.assign(n, 0.f);
+  RETURN_IF_ERROR(store->Write(s.g, zeros.data(), fbytes));
+  // Write-through to the homes that are not the copy written (NVMe state).
+  for (TensorId id : {s.p, s.g, s.w, s.m, s.v}) {
+    ASSIGN_OR_RETURN(TensorInfo info, store->Info(id));
+    if (info.home == TierKind::kNvme) {
+      ASSIGN_OR_RETURN(Ticket t, store->Evict(id, TierKind::kHost));
+      RETURN_IF_ERROR(t.Wait());
+    }
+  }
+  return Status::OK();
+}
+
+Status Trainer::Impl::ReadShardState(Shard& s, float* master, float* m, float* v) {
+  const uint64_t fbytes = static_cast<uint64_t>(s.numel) * 4;
+  if (master) RETURN_IF_ERROR(store->Read(s.w, master, fbytes));
+  if (m) RETURN_IF_ERROR(store->Read(s.m, m, fbytes));
+  if (v) RETURN_IF_ERROR(store->Read(s.v, v, fbytes));
+  return Status::OK();
+}
+
+std::vector<CheckpointShard> Trainer::Impl::CheckpointShards() {
+  std::vector<CheckpointShard> out;
+  for (auto& s : shards) {
+    CheckpointShard c;
+    c.kind = s.kind;
+    c.layer = s.layer;
+    c.numel = s.numel;
+    Shard* sp = &s;
+    c.read = [this, sp](float* w, float* m, float* v) { return ReadShardState(*sp, w, m, v); };
+    c.write = [this, sp](const float* w, const float* m, const float* v) { return WriteShardState(*sp, w, m, v); };
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+TrainState Trainer::Impl::CurrentState() const {
+  TrainState t;
+  t.step = step;
+  t.data_position = data->position();
+  t.scaler = scaler->state();
+  t.precision = cfg.precision();
+  return t;
+}
+
+// ---- the step --------------------------------------------------------------------
+
+Status Trainer::Impl::WaitShard(size_t s, double* wait_s) {
+  std::unique_lock<std::mutex> lk(mu);
+  if (updated[s] >= step && opt_error.ok()) return Status::OK();
+  double t0 = Now();
+  cv.wait(lk, [&] { return updated[s] >= step || !opt_error.ok(); });
+  if (wait_s) *wait_s += Now() - t0;
+  return opt_error;
+}
+
+Status Trainer::Impl::WaitAllUpdated() {
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] {
+    if (!opt_error.ok()) return true;
+    if (job) return false;
+    for (int64_t u : updated)
+      if (u < step) return false;
+    return true;
+  });
+  return opt_error;
+}
+
+// Starts uploads of the parameters of shards `next` whose update is done.
+void Trainer::Impl::PrefetchParams(const std::vector<size_t>& next) {
+  std::vector<size_t> ready;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    for (size_t s : next)
+      if (s < shards.size() && updated[s] >= step) ready.push_back(s);
+  }
+  // A failed prefetch surfaces at the Acquire that needs it.
+  for (size_t s : ready) (void)store->Prefetch(shards[s].p, TierKind::kGpu);
+}
+
+Status Trainer::Impl::Forward(double* wait_s) {
+  const int64_t BT = B * T;
+  Shard& emb = shards.front();
+  Shard& lnf = shards.back();
+  RETURN_IF_ERROR(WaitShard(0, wait_s));
+  ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
+  for (int64_t a = 0; a < A; ++a) {
+    TensorId x0 = ck[0][static_cast<size_t>(a)];
+    ASSIGN_OR_RETURN(TensorView x, store->Acquire(x0, TierKind::kGpu, Access::kWriteDiscard));
+    RETURN_IF_ERROR(layers->EmbeddingForward(e.data, tokens_dev.as<int32_t>() + a * BT, x.data));
+    RETURN_IF_ERROR(store->Release(x0, TierKind::kGpu, true, stream()));
+  }
+  RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
+  (void)lnf;
+  const int depth = std::max(plan.prefetch_depth, 1);
+  for (int64_t l = 0; l < L; ++l) {
+    size_t si = static_cast<size_t>(l) + 1;
+    std::vector<size_t> next;
+    for (int d = 1; d <= depth; ++d) next.push_back(si + static_cast<size_t>(d));
+    RETURN_IF_ERROR(WaitShard(si, wait_s));
+    PrefetchParams(next);
+    Shard& sh = shards[si];
+    double t0 = Now();
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
+    if (wait_s) *wait_s += Now() - t0;
+    for (int64_t a = 0; a < A; ++a) {
+      TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
+      TensorId out = ck[static_cast<size_t>(l + 1)][static_cast<size_t>(a)];
+      ASSIGN_OR_RETURN(TensorView xi, store->Acquire(in, TierKind::kGpu, Access::kRead));
+      ASSIGN_OR_RETURN(TensorView xo, store->Acquire(out, TierKind::kGpu, Access::kWriteDiscard));
+      RETURN_IF_ERROR(layers->BlockForward(p.data, xi.data, xo.data, block_scratch.data(), block_scratch.bytes()));
+      RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
+      RETURN_IF_ERROR(store->Release(out, TierKind::kGpu, true, stream()));
+      // The checkpoint x_l is complete: write it home (the host) and free the GPU.
+      if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+    }
+    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
+    if (sh.p_home != TierKind::kGpu && !plan.params_resident)
+      RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
+  }
+  return Status::OK();
+}
+
+Status Trainer::Impl::Head(double dloss) {
+  const int64_t BT = B * T;
+  Shard& emb = shards.front();
+  Shard& lnf = shards.back();
+  RETURN_IF_ERROR(WaitShard(shards.size() - 1, nullptr));
+  ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView f, store->Acquire(lnf.p, TierKind::kGpu, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView eg, store->Acquire(emb.g, TierKind::kGpu, Access::kWriteDiscard));
+  ASSIGN_OR_RETURN(TensorView fg, store->Acquire(lnf.g, TierKind::kGpu, Access::kWriteDiscard));
+  // The gradient buffers are written piecewise (wte by the head, wpe later,
+  // padding never): start from zeros.
+  RETURN_IF_ERROR(backend->Memset(eg.data, 0, eg.bytes));
+  RETURN_IF_ERROR(backend->Memset(fg.data, 0, fg.bytes));
+  for (int64_t a = 0; a < A; ++a) {
+    TensorId xl = ck[static_cast<size_t>(L)][static_cast<size_t>(a)];
+    ASSIGN_OR_RETURN(TensorView x, store->Acquire(xl, TierKind::kGpu, Access::kRead));
+    GptLayers::HeadArgs h;
+    h.lnf_params = f.data;
+    h.emb_params = e.data;
+    h.x = x.data;
+    h.targets = targets_dev.as<int32_t>() + a * BT;
+    h.losses = losses_dev.as<float>() + a * BT;
+    h.dloss = static_cast<float>(dloss);
+    h.dx = dx[static_cast<size_t>(a)].data();
+    h.lnf_grads = fg.data;
+    h.emb_grads = eg.data;
+    h.grad_dtype = DType::kF32;
+    h.accumulate = true;
+    h.scratch = head_scratch.data();
+    h.scratch_bytes = head_scratch.bytes();
+    RETURN_IF_ERROR(layers->HeadForwardBackward(h));
+    RETURN_IF_ERROR(store->Release(xl, TierKind::kGpu, false, stream()));
+    if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(xl, TierKind::kGpu).status());
+  }
+  RETURN_IF_ERROR(store->Release(lnf.p, TierKind::kGpu, false, stream()));
+  RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
+  // ln_f's gradients are complete; the embedding's get the token scatter at
+  // the end of Backward().
+  float* sumsq = stats_dev.as<float>();
+  int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
+  RETURN_IF_ERROR(backend->GradStats(fg.data, DType::kF32, lnf.numel, sumsq, nonfinite));
+  RETURN_IF_ERROR(store->Release(lnf.g, TierKind::kGpu, true, stream()));
+  if (lnf.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(lnf.g, TierKind::kGpu).status());
+  RETURN_IF_ERROR(store->Release(emb.g, TierKind::kGpu, true, stream()));
+  return Status::OK();
+}
+
+Status Trainer::Impl::Backward(double* wait_s) {
+  const int64_t BT = B * T;
+  float* sumsq = stats_dev.as<float>();
+  int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
+  const int depth = std::max(plan.prefetch_depth, 1);
+  for (int64_t l = L - 1; l >= 0; --l) {
+    size_t si = static_cast<size_t>(l) + 1;
+    Shard& sh = shards[si];
+    std::vector<size_t> next;
+    for (int d = 1; d <= depth && static_cast<int64_t>(si) - d >= 1; ++d) next.push_back(si - static_cast<size_t>(d));
+    PrefetchParams(next);
+    // Checkpoints of the next layer down come back while this one computes.
+    if (plan.checkpoints != TierKind::kGpu && l > 0)
+      for (int64_t a = 0; a < A; ++a)
+        (void)store->Prefetch(ck[static_cast<size_t>(l - 1)][static_cast<size_t>(a)], TierKind::kGpu);
+    double t0 = Now();
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+    if (wait_s) *wait_s += Now() - t0;
+    for (int64_t a = 0; a < A; ++a) {
+      TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
+      t0 = Now();
+      ASSIGN_OR_RETURN(TensorView xi, store->Acquire(in, TierKind::kGpu, Access::kRead));
+      if (wait_s) *wait_s += Now() - t0;
+      void* d = dx[static_cast<size_t>(a)].data();
+      RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, g.data, DType::kF32, a > 0, block_scratch.data(),
+                                            block_scratch.bytes()));
+      RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
+      if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+    }
+    RETURN_IF_ERROR(backend->GradStats(g.data, DType::kF32, sh.numel, sumsq, nonfinite));
+    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, true, stream()));
+    if (sh.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(sh.g, TierKind::kGpu).status());
+    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
+    if (sh.p_home != TierKind::kGpu && !plan.params_resident)
+      RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
+  }
+  // Embedding backward: d wte += by token (the head wrote its part), d wpe.
+  Shard& emb = shards.front();
+  ASSIGN_OR_RETURN(TensorView eg, store->Acquire(emb.g, TierKind::kGpu, Access::kReadWrite));
+  for (int64_t a = 0; a < A; ++a)
+    RETURN_IF_ERROR(layers->EmbeddingBackward(eg.data, DType::kF32, true, tokens_dev.as<int32_t>() + a * BT,
+                                              dx[static_cast<size_t>(a)].data()));
+  RETURN_IF_ERROR(backend->GradStats(eg.data, DType::kF32, emb.numel, sumsq, nonfinite));
+  RETURN_IF_ERROR(store->Release(emb.g, TierKind::kGpu, true, stream()));
+  if (emb.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(emb.g, TierKind::kGpu).status());
+  return Status::OK();
+}
+
+// ---- the optimizer (its own thread) ---------------------------------------------------
+
+void Trainer::Impl::OptimizerLoop() {
+  for (;;) {
+    OptJob j;
+    {
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return stop || job.has_value(); });
+      if (stop && !job) return;
+      j = *job;
+    }
+    double t0 = Now();
+    Status st;
+    for (size_t s = 0; s < shards.size(); ++s) {
+      if (!j.skip && st.ok()) st = UpdateShard(shards[s], j).WithContext("optimizer step of " + shards[s].name);
+      std::lock_guard<std::mutex> lk(mu);
+      if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
+      updated[s] = j.step;
+      cv.notify_all();
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    opt_seconds = Now() - t0;
+    job.reset();
+    cv.notify_all();
+  }
+}
+
+Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
+  const uint64_t n = static_cast<uint64_t>(sh.numel);
+  if (sh.opt_home == TierKind::kGpu) {
+    // Everything of this shard is on the GPU (or its stand-in).
+    ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kGpu, Access::kReadWrite));
+    ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kGpu, Access::kReadWrite));
+    ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kGpu, Access::kReadWrite));
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
+    optim::AdamShard a;
+    a.n = n;
+    a.master = static_cast<float*>(w.data);
+    a.exp_avg = m.data;
+    a.exp_avg_sq = v.data;
+    a.grad = g.data;
+    a.grad_dtype = DType::kF32;
+    a.param_out = p.data;
+    a.param_out_dtype = dtype;
+    void* s = nullptr;
+    if (cuda()) {
+      s = stream();
+      RETURN_IF_ERROR(optim::GpuAdamStep(a, j.hyper, j.grad_multiplier, s));
+      RETURN_IF_ERROR(backend->Synchronize());
+    } else {
+      ASSIGN_OR_RETURN(optim::AdamStepResult r, adam->Step(a, j.hyper, {j.grad_multiplier, false}));
+      (void)r;
+    }
+    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, s));
+    RETURN_IF_ERROR(store->Release(sh.w, TierKind::kGpu, true, s));
+    RETURN_IF_ERROR(store->Release(sh.m, TierKind::kGpu, true, s));
+    RETURN_IF_ERROR(store->Release(sh.v, TierKind::kGpu, true, s));
+    return store->Release(sh.p, TierKind::kGpu, true, s);
+  }
+
+  // Host optimizer (state on the host or streamed from NVMe through it).
+  const void* grad = nullptr;
+  bool grad_acquired = false;
+  if (sh.g_home == TierKind::kGpu) {
+    // Gradients accumulated on the GPU come down through the staging buffer.
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->DeviceToHost(grad_staging.data(), g.data, n * 4, {},
+                                                                      HostMemory::kPinned));
+    Status cs = t.Wait();
+    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
+    RETURN_IF_ERROR(cs);
+    grad = grad_staging.data();
+  } else {
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kHost, Access::kRead));
+    grad = g.data;
+    grad_acquired = true;
+  }
+  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, Access::kReadWrite));
+  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kHost, Access::kReadWrite));
+  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kHost, Access::kReadWrite));
+  void* pout = nullptr;
+  const bool p_on_host = sh.p_home != TierKind::kGpu;
+  if (p_on_host) {
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kHost, Access::kWriteDiscard));
+    pout = p.data;
+  } else {
+    pout = param_staging.data();
+  }
+  optim::AdamShard a;
+  a.n = n;
+  a.master = static_cast<float*>(w.data);
+  a.exp_avg = m.data;
+  a.exp_avg_sq = v.data;
+  a.grad = grad;
+  a.grad_dtype = DType::kF32;
+  a.param_out = pout;
+  a.param_out_dtype = dtype;
+  auto r = adam->Step(a, j.hyper, {j.grad_multiplier, false});
+  if (grad_acquired) RETURN_IF_ERROR(store->Release(sh.g, TierKind::kHost, false));
+  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, r.ok()));
+  if (p_on_host) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kHost, r.ok()));
+  RETURN_IF_ERROR(r.status());
+  if (sh.opt_home == TierKind::kNvme) {
+    // Write-behind: the state goes home while the next shard updates.
+    for (TensorId id : {sh.w, sh.m, sh.v}) RETURN_IF_ERROR(store->Evict(id, TierKind::kHost).status());
+  }
+  if (!p_on_host) {
+    // Upload the new parameters into their GPU home.
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->HostToDevice(p.data, param_staging.data(),
+                                                                      n * DTypeSize(dtype), {}, HostMemory::kPinned));
+    Status cs = t.Wait();
+    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, cs.ok()));
+    RETURN_IF_ERROR(cs);
+  } else if (sh.p_home == TierKind::kNvme) {
+    RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
+  }
+  return Status::OK();
+}
+
+// ---- evaluation ----------------------------------------------------------------------
+
+Status Trainer::Impl::ForwardEval(int64_t batches, double* mean) {
+  RETURN_IF_ERROR(WaitAllUpdated());
+  const int64_t BT = B * T;
+  double total = 0;
+  int64_t count = 0;
+  Shard& emb = shards.front();
+  Shard& lnf = shards.back();
+  for (int64_t bi = 0; bi < batches; ++bi) {
+    RETURN_IF_ERROR(data->Val(static_cast<uint64_t>(bi), tok_host.data(), tgt_host.data()));
+    RETURN_IF_ERROR(backend->CopyToDevice(tokens_dev.data(), tok_host.data(), static_cast<size_t>(BT) * 4));
+    RETURN_IF_ERROR(backend->CopyToDevice(targets_dev.data(), tgt_host.data(), static_cast<size_t>(BT) * 4));
+    void* x = xbuf.data();
+    void* y = dx[0].data();
+    {
+      ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
+      RETURN_IF_ERROR(layers->EmbeddingForward(e.data, tokens_dev.as<int32_t>(), x));
+      RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
+    }
+    for (int64_t l = 0; l < L; ++l) {
+      Shard& sh = shards[static_cast<size_t>(l) + 1];
+      if (l + 1 < L) (void)store->Prefetch(shards[static_cast<size_t>(l) + 2].p, TierKind::kGpu);
+      ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
+      RETURN_IF_ERROR(layers->BlockForward(p.data, x, y, block_scratch.data(), block_scratch.bytes()));
+      RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
+      if (sh.p_home != TierKind::kGpu && !plan.params_resident)
+        RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
+      std::swap(x, y);
+    }
+    ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView f, store->Acquire(lnf.p, TierKind::kGpu, Access::kRead));
+    GptLayers::HeadArgs h;
+    h.lnf_params = f.data;
+    h.emb_params = e.data;
+    h.x = x;
+    h.targets = targets_dev.as<int32_t>();
+    h.losses = losses_dev.as<float>();
+    h.scratch = head_scratch.data();
+    h.scratch_bytes = head_scratch.bytes();
+    RETURN_IF_ERROR(layers->HeadForward(h));
+    RETURN_IF_ERROR(store->Release(lnf.p, TierKind::kGpu, false, stream()));
+    RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
+    RETURN_IF_ERROR(backend->Synchronize());
+    RETURN_IF_ERROR(backend->CopyToHost(loss_host.data(), losses_dev.data(), static_cast<size_t>(BT) * 4));
+    for (int64_t i = 0; i < BT; ++i)
+      if (tgt_host[static_cast<size_t>(i)] >= 0) total += loss_host[static_cast<size_t>(i)], ++count;
+  }
+  *mean = count ? total / static_cast<double>(count) : 0.0;
+  return Status::OK();
+}
+
+// ---- Trainer --------------------------------------------------------------------------
+
+Trainer::Trainer() : impl_(std::make_unique<Impl>()) {}
+
+Trainer::~Trainer() {
+  if (impl_->opt_thread.joinable()) {
+    {
+      std::lock_guard<std::mutex> lk(impl_->mu);
+      impl_->stop = true;
+      impl_->cv.notify_all();
+    }
+    impl_->opt_thread.join();
+  }
+}
+
+Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, std::ostream& log) {
+  std::unique_ptr<Trainer> t(new Trainer());
+  t->impl_->opt = options;
+  t->impl_->log = &log;
+  RETURN_IF_ERROR(t->impl_->Setup());
+  return t;
+}
+
+Result<std::string> Trainer::DryRun(const TrainOptions& options) {
+  Config cfg = options.config;
+  ASSIGN_OR_RETURN(GptConfig g, MakeGptConfig(cfg));
+  ASSIGN_OR_RETURN(DType dtype, PrecisionDType(cfg));
+  // Scratch sizes from the CPU formulas (the CUDA backend's attention needs no
+  // more than the CPU's); no backend memory is touched.
+  std::unique_ptr<kernels::Backend> cpu = kernels::MakeCpuBackend(1);
+  size_t block = GptLayers::BlockScratchBytes(*cpu, g, cfg.micro_batch, cfg.model.seq_len, dtype);
+  size_t head = GptLayers::HeadScratchBytes(g, cfg.micro_batch, cfg.model.seq_len, dtype);
+  uint64_t gpu = options.gpu_memory_limit;
+  if (!gpu) {
+    auto info = QueryGpu(0);
+    gpu = info.ok() ? info->free_bytes : 4 * kGiB;
+  }
+  uint64_t host = options.host_memory_limit ? options.host_memory_limit : HostAvailableBytes() / 10 * 8;
+  PlanInputs in;
+  RETURN_IF_ERROR(MakePlanInputs(options, cfg, g, dtype, block, head, gpu, host, &in));
+  ASSIGN_OR_RETURN(Plan p, MakePlan(in));
+  std::ostringstream os;
+  os << "model: " << g.n_layer << " layers, d " << g.n_embd << ", " << g.n_head << " heads, vocab " << g.vocab_size
+     << " (padded " << g.Vp() << "), seq " << cfg.model.seq_len << "; " << g.NumParameters() << " parameters, "
+     << cfg.precision() << "\n";
+  os << "batch: micro " << cfg.micro_batch << " x accumulation " << cfg.grad_accum << " = " << cfg.train_batch_size
+     << " sequences per step\n";
+  os << p.Table(gpu, host);
+  return os.str();
+}
+
+const Plan& Trainer::plan() const { return impl_->plan; }
+std::string Trainer::PlanTable() const { return impl_->plan.Table(impl_->gpu_budget, impl_->host_budget); }
+int64_t Trainer::step() const { return impl_->step; }
+
+Result<StepReport> Trainer::Step() {
+  Impl& I = *impl_;
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    RETURN_IF_ERROR(I.opt_error);
+  }
+  const int64_t BT = I.B * I.T;
+  StepReport r;
+  TierStoreStats before = I.store->stats();
+  double t0 = Now();
+  // Inputs for all micro-batches.
+  int64_t valid = 0;
+  for (int64_t a = 0; a < I.A; ++a)
+    RETURN_IF_ERROR(I.data->NextTrain(I.tok_host.data() + a * BT, I.tgt_host.data() + a * BT));
+  for (int32_t t : I.tgt_host) valid += t >= 0;
+  RETURN_IF_ERROR(I.backend->CopyToDevice(I.tokens_dev.data(), I.tok_host.data(), I.tok_host.size() * 4));
+  RETURN_IF_ERROR(I.backend->CopyToDevice(I.targets_dev.data(), I.tgt_host.data(), I.tgt_host.size() * 4));
+  RETURN_IF_ERROR(I.backend->Memset(I.stats_dev.data(), 0, 128));
+  const double scale = I.scaler->scale();
+
+  double wait = 0;
+  RETURN_IF_ERROR(I.Forward(&wait));
+  if (I.cfg.wall_clock_breakdown) RETURN_IF_ERROR(I.backend->Synchronize());
+  double t1 = Now();
+  RETURN_IF_ERROR(I.Head(scale / static_cast<double>(std::max<int64_t>(valid, 1))));
+  RETURN_IF_ERROR(I.Backward(&wait));
+  RETURN_IF_ERROR(I.backend->Synchronize());
+  double t2 = Now();
+
+  // Loss and gradient statistics.
+  RETURN_IF_ERROR(I.backend->CopyToHost(I.loss_host.data(), I.losses_dev.data(), I.loss_host.size() * 4));
+  double total = 0;
+  for (size_t i = 0; i < I.loss_host.size(); ++i)
+    if (I.tgt_host[i] >= 0) total += I.loss_host[i];
+  r.loss = total / static_cast<double>(std::max<int64_t>(valid, 1));
+  float sumsq = 0;
+  int32_t nonfinite = 0;
+  RETURN_IF_ERROR(I.backend->CopyToHost(&sumsq, I.stats_dev.data(), 4));
+  RETURN_IF_ERROR(I.backend->CopyToHost(&nonfinite, I.stats_dev.as<char>() + 64, 4));
+  optim::GradStats gs;
+  gs.sum_sq = sumsq;
+  gs.nonfinite = static_cast<uint64_t>(nonfinite);
+  const bool overflow = gs.overflow() || !std::isfinite(sumsq);
+  r.grad_norm = optim::GlobalGradNorm(gs, scale);
+  r.loss_scale = scale;
+
+  Impl::OptJob job;
+  job.step = I.step + 1;
+  optim::LrValue lr = I.schedule->ForStep(job.step);
+  r.lr = lr.lr;
+  if (overflow && I.scaler->dynamic()) {
+    job.skip = true;
+    r.skipped = true;
+  } else if (overflow) {
+    return FailedPrecondition("non-finite gradients at step " + std::to_string(job.step) +
+                              " (loss " + std::to_string(r.loss) +
+                              "); with bf16/fp32 there is no loss scale to lower: lower the learning rate or "
+                              "check the data");
+  } else {
+    double clip = optim::ClipCoefficient(r.grad_norm, I.cfg.gradient_clipping);
+    job.grad_multiplier = optim::GradMultiplier(scale, clip);
+    job.hyper.lr = lr.lr;
+    job.hyper.beta1 = lr.beta1.value_or(I.cfg.optimizer.beta1);
+    job.hyper.beta2 = lr.beta2.value_or(I.cfg.optimizer.beta2);
+    job.hyper.eps = I.cfg.optimizer.eps;
+    job.hyper.weight_decay = I.cfg.optimizer.weight_decay;
+    job.hyper.decay_mode = I.cfg.optimizer.adam_w_mode ? optim::WeightDecayMode::kDecoupled : optim::WeightDecayMode::kL2;
+    job.hyper.bias_correction = I.cfg.optimizer.bias_correction;
+    job.hyper.step = job.step;
+  }
+  RETURN_IF_ERROR(I.scaler->Update(overflow));
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    I.job = job;
+    I.cv.notify_all();
+  }
+  I.step = job.step;
+
+  r.step = I.step;
+  r.tokens = I.A * BT;
+  r.seconds = t2 - t0;
+  r.forward_s = t1 - t0;
+  r.backward_s = t2 - t1;
+  r.wait_s = wait;
+  {
+    std::lock_guard<std::mutex> lk(I.mu);
+    r.optimizer_s = I.opt_seconds;  // the previous step's update (it overlaps this forward)
+  }
+  TierStoreStats after = I.store->stats();
+  r.h2d = after.host_to_gpu.bytes - before.host_to_gpu.bytes;
+  r.d2h = after.gpu_to_host.bytes - before.gpu_to_host.bytes;
+  r.nvme_read = after.nvme_to_host.bytes - before.nvme_to_host.bytes;
+  r.nvme_write = after.host_to_nvme.bytes - before.host_to_nvme.bytes;
+  double flops = ModelFlopsPerToken(I.gcfg, I.T) * static_cast<double>(r.tokens);
+  r.tflops = flops / std::max(r.seconds, 1e-9) / 1e12;
+  r.mfu = I.peak_flops > 0 ? flops / std::max(r.seconds, 1e-9) / I.peak_flops : 0;
+  return r;
+}
+
+Result<double> Trainer::Evaluate(int batches) {
+  double loss = 0;
+  RETURN_IF_ERROR(impl_->ForwardEval(batches, &loss));
+  return loss;
+}
+
+Status Trainer::Save(const std::string& dir) {
+  Impl& I = *impl_;
+  RETURN_IF_ERROR(I.WaitAllUpdated());
+  nlohmann::json cfg_json = ConfigToJson(I.cfg);
+  return SaveCheckpoint(dir, I.gcfg, I.CheckpointShards(), I.CurrentState(), cfg_json, &std::cerr);
+}
+
+Result<std::vector<float>> Trainer::Parameter(const std::string& hf_name) {
+  Impl& I = *impl_;
+  RETURN_IF_ERROR(I.WaitAllUpdated());
+  for (const auto& t : kernels::HfTensors(I.gcfg)) {
+    if (t.name != hf_name) continue;
+    size_t si = t.buffer == GptBuffer::kEmbedding ? 0
+                : t.buffer == GptBuffer::kLnF    ? I.shards.size() - 1
+                                                 : static_cast<size_t>(t.layer) + 1;
+    std::vector<float> all(static_cast<size_t>(I.shards[si].numel));
+    RETURN_IF_ERROR(I.ReadShardState(I.shards[si], all.data(), nullptr, nullptr));
+    return std::vector<float>(all.begin() + t.offset, all.begin() + t.offset + t.numel);
+  }
+  return NotFound("no parameter named '" + hf_name + "'");
+}
+
+
+// ---- the run: steps, logs, evaluation, checkpoints -----------------------------------------
+
+namespace {
+
+std::string Sci(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2e", v);
+  return b;
+}
+
+std::string Fixed(double v, int prec) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.*f", prec, v);
+  return b;
+}
+
+}  // namespace
+
+Status Trainer::Run(std::ostream& out) {
+  Impl& I = *impl_;
+  const int64_t total = TotalSteps(I.opt);
+  out << "strata: " << I.backend->name() << "; GEMM baseline " << I.peak_what << "\n";
+  out << "model: " << I.gcfg.n_layer << " layers, d " << I.gcfg.n_embd << ", " << I.gcfg.n_head << " heads, vocab "
+      << I.gcfg.vocab_size << ", seq " << I.T << ": " << I.gcfg.NumParameters() << " parameters, " << I.cfg.precision()
+      << "; batch " << I.B << " x " << I.A << " micro-batches\n";
+  out << "data: " << I.data->Describe() << "\n";
+  out << "plan:\n" << PlanTable();
+  out.flush();
+  std::ofstream json;
+  if (!I.opt.log_json.empty()) {
+    json.open(I.opt.log_json, std::ios::app);
+    if (!json) return ErrnoStatus("cannot open the JSON log", I.opt.log_json);
+  }
+  const int64_t every = std::max<int64_t>(1, I.cfg.steps_per_print);
+  double window_s = 0;
+  int64_t window_tokens = 0;
+  StepReport agg;
+  while (I.step < total) {
+    ASSIGN_OR_RETURN(StepReport r, Step());
+    window_s += r.seconds;
+    window_tokens += r.tokens;
+    agg.forward_s += r.forward_s, agg.backward_s += r.backward_s, agg.wait_s += r.wait_s;
+    agg.optimizer_s += r.optimizer_s;
+    agg.h2d += r.h2d, agg.d2h += r.d2h, agg.nvme_read += r.nvme_read, agg.nvme_write += r.nvme_write;
+    bool print = r.step % every == 0 || r.step == 1 || r.step == total;
+    if (I.opt.progress) {
+      int width = 30, done = static_cast<int>(width * r.step / std::max<int64_t>(total, 1));
+      std::cerr << "\r[" << std::string(static_cast<size_t>(done), '#') << std::string(static_cast<size_t>(width - done), '.')
+                << "] " << r.step << "/" << total << " loss " << Fixed(r.loss, 4) << std::flush;
+      if (r.step == total) std::cerr << "\n";
+    }
+    if (print) {
+      double tps = window_s > 0 ? window_tokens / window_s : 0;
+      double flops = ModelFlopsPerToken(I.gcfg, I.T) * tps;
+      TierStoreStats st = I.store->stats();
+      std::ostringstream line;
+      line << "step " << r.step << "/" << total << " | loss " << Fixed(r.loss, 4) << " | lr " << Sci(r.lr)
+           << " | scale " << r.loss_scale << (r.skipped ? " (overflow: step skipped)" : "") << " | grad norm "
+           << Fixed(r.grad_norm, 3) << " | " << Fixed(tps, 0) << " tok/s | " << Fixed(flops / 1e12, 2)
+           << " TFLOP/s | MFU " << Fixed(I.peak_flops > 0 ? 100 * flops / I.peak_flops : 0, 1) << "%";
+      if (I.cfg.wall_clock_breakdown)
+        line << " | fwd " << Fixed(agg.forward_s, 2) << "s bwd " << Fixed(agg.backward_s, 2) << "s opt "
+             << Fixed(agg.optimizer_s, 2) << "s wait " << Fixed(agg.wait_s, 2) << "s";
+      line << " | H2D " << FormatBytes(agg.h2d) << " D2H " << FormatBytes(agg.d2h);
+      if (agg.nvme_read || agg.nvme_write)
+        line << " NVMe r " << FormatBytes(agg.nvme_read) << " w " << FormatBytes(agg.nvme_write);
+      line << " | gpu " << FormatBytes(st.tiers[0].usage.used) << " host " << FormatBytes(st.tiers[1].usage.used);
+      if (I.opt.progress) std::cerr << "\r" << std::string(60, ' ') << "\r";
+      out << line.str() << "\n";
+      out.flush();
+      if (json.is_open()) {
+        nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
+                            {"lr", r.lr},              {"loss_scale", r.loss_scale},
+                            {"skipped", r.skipped},    {"grad_norm", r.grad_norm},
+                            {"tokens_per_s", tps},     {"tflops", flops / 1e12},
+                            {"mfu", I.peak_flops > 0 ? flops / I.peak_flops : 0},
+                            {"forward_s", agg.forward_s}, {"backward_s", agg.backward_s},
+                            {"optimizer_s", agg.optimizer_s}, {"wait_s", agg.wait_s},
+                            {"h2d_bytes", agg.h2d},    {"d2h_bytes", agg.d2h},
+                            {"nvme_read_bytes", agg.nvme_read}, {"nvme_write_bytes", agg.nvme_write},
+                            {"gpu_bytes", st.tiers[0].usage.used}, {"host_bytes", st.tiers[1].usage.used},
+                            {"nvme_bytes", st.nvme.used}};
+        json << j.dump() << "\n";
+        json.flush();
+      }
+      window_s = 0;
+      window_tokens = 0;
+      agg = StepReport{};
+    }
+    if (I.cfg.trainer.eval_interval > 0 && r.step % I.cfg.trainer.eval_interval == 0 && I.data->val_tokens()) {
+      ASSIGN_OR_RETURN(double vl, Evaluate(I.cfg.trainer.eval_batches));
+      out << "step " << r.step << " | val loss " << Fixed(vl, 4) << "\n";
+    }
+    if (!I.opt.save_dir.empty() && I.opt.save_every > 0 && r.step % I.opt.save_every == 0 && r.step != total)
+      RETURN_IF_ERROR(Save(I.opt.save_dir));
+  }
+  if (I.data->val_tokens()) {
+    ASSIGN_OR_RETURN(double vl, Evaluate(I.cfg.trainer.eval_batches));
+    out << "step " << I.step << " | val loss " << Fixed(vl, 4) << "\n";
+  }
+  if (!I.opt.save_dir.empty()) RETURN_IF_ERROR(Save(I.opt.save_dir));
+  return impl_->WaitAllUpdated();
+}
+
+}  // namespace strata

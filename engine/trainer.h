@@ -1,0 +1,109 @@
+// The offload trainer: ZeRO-3 with offload on one GPU (or the CPU backend).
+//
+// What a step does, as data flows (../shared/DESIGN.md, "The step"):
+//
+//   forward   embedding -> x_0; for each block l: x_{l+1} = block_l(x_l) for
+//             every micro-batch (layer-major: each block's parameters cross
+//             PCIe once per step), keeping x_l as the checkpoint (on the GPU
+//             or written back to the host as the plan says); the head runs
+//             forward and backward at once (loss, d x_L).
+//   backward  for each block l from the last: recompute from x_l, backprop
+//             every micro-batch, accumulating the block's gradients in fp32 on
+//             the GPU; the squared norm and non-finite count are taken on the
+//             GPU; the gradients then leave for their home tier.
+//   optimizer when backward ends the clip coefficient and the overflow flag
+//             are known; Adam updates shard by shard in forward order (CPU
+//             Adam for host/NVMe state, the fused GPU Adam for GPU state) and
+//             each shard is marked ready: the next step's forward of block l
+//             waits for block l only, so the update overlaps the next
+//             forward and no stale weight is ever used.
+//
+// Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
+// checkpoints) lives in one TierStore with its home tier from the plan
+// (engine/planner.h). Scratch (the block's recompute space, the head's
+// logits chunk, the residual gradients, tokens) is carved from the store's
+// GPU tier, so the GPU budget covers everything the step touches.
+//
+// Thread-safety: a Trainer is driven by one thread; it runs one optimizer
+// thread of its own.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/config.h"
+#include "engine/planner.h"
+#include "tiers/status.h"
+
+namespace strata {
+
+class IoEnv;
+
+struct TrainOptions {
+  Config config = DefaultConfig();
+  std::string default_data;            // used when config.data.path is empty
+  int64_t steps = -1;                  // -1: config.trainer.steps
+  std::string save_dir;                // checkpoints written under it ("" = none)
+  int64_t save_every = 0;              // steps between checkpoints (0: only at the end)
+  std::string resume_dir;              // a checkpoint (or a --save dir: its latest)
+  uint64_t gpu_memory_limit = 0;       // 0: the card's free memory (stand-in: 4 GiB)
+  uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
+  std::string backend = "auto";        // auto | cpu | cuda
+  std::string log_json;                // JSON lines, one per logged step
+  bool progress = false;               // a progress line on a terminal
+  int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
+  IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
+};
+
+struct StepReport {
+  int64_t step = 0;            // optimizer steps taken after this one
+  double loss = 0;             // mean training loss of the step's micro-batches
+  double lr = 0;
+  double loss_scale = 1;
+  double grad_norm = 0;        // unscaled global L2 norm, before clipping
+  bool skipped = false;        // fp16 overflow: no update
+  int64_t tokens = 0;
+  double seconds = 0;          // wall time of the step, forward start to backward end
+  double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
+  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;  // bytes this step
+  double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
+};
+
+class Trainer {
+ public:
+  // Builds the backend, plans the placement (fails before allocating when no
+  // plan fits), opens the store, creates and initializes (or resumes) the
+  // model. Messages go to `log`.
+  static Result<std::unique_ptr<Trainer>> Create(const TrainOptions& options, std::ostream& log);
+  // Only the plan (for --dry-run): no allocation.
+  static Result<std::string> DryRun(const TrainOptions& options);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  const Plan& plan() const;
+  std::string PlanTable() const;
+
+  Result<StepReport> Step();
+  // Mean validation loss over `batches` validation batches.
+  Result<double> Evaluate(int batches);
+  // Writes a checkpoint of the current state into `dir` (atomically).
+  Status Save(const std::string& dir);
+  // The whole run: steps, logging every steps_per_print, evaluation,
+  // checkpoints. Returns the first error.
+  Status Run(std::ostream& out);
+
+  int64_t step() const;
+  // A parameter (fp32 master weights) by its Hugging Face name, for tests.
+  Result<std::vector<float>> Parameter(const std::string& hf_name);
+
+ private:
+  Trainer();
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace strata
