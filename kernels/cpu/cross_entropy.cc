@@ -13,8 +13,6 @@
 namespace strata::kernels::cpu {
 namespace {
 
-constexpr int kLanes = 16;
-
 template <class T>
 void CrossEntropyTyped(Acc<T>* losses, T* dlogits, const T* logits, const int32_t* targets,
                        int64_t N, int64_t V, int64_t Vp, Acc<T> dloss) {
@@ -32,14 +30,10 @@ void CrossEntropyTyped(Acc<T>* losses, T* dlogits, const T* logits, const int32_
         continue;
       }
       LoadN(logits + r * Vp, x.data(), Vp);
-      A mx = x[0];
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
+      const A mx = LanesMax(x.data(), V);
       const A x_target = x[target];
       ExpShiftRows(x.data(), V, mx);  // x = exp(x - max)
-      A lanes[kLanes] = {};
-      for (int64_t j = 0; j < V; ++j) lanes[j % kLanes] += x[j];
-      A sum = 0;
-      for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+      const A sum = LanesSum(x.data(), V);
       const A lse = mx + std::log(sum);
       losses[r] = lse - x_target;
       if (dlogits) {
