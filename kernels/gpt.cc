@@ -17,13 +17,26 @@ namespace {
 constexpr size_t kScratchAlign = 256;  // bytes: every scratch slot starts here
 constexpr int64_t kHeadLogitsBytes = int64_t{256} << 20;
 
-size_t AlignBytes(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+// Lays out scratch slots one after another, each kScratchAlign-aligned.
+class Slots {
+ public:
+  size_t Take(size_t bytes) {
+    const size_t at = end_;
+    end_ = (end_ + bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    return at;
+  }
+  size_t total() const { return end_; }
+
+ private:
+  size_t end_ = 0;
+};
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
 // Byte offsets of the block's internals in its scratch. BlockForward fills all
-// of them (x1 too); BlockBackward reuses ln1/ln2 for d ln, h for d att and pre
-// for d qkv once their contents are no longer needed.
+// of them (x1 too); BlockBackward then reuses slots whose contents are dead:
+// h for d h (then d pre) and later d att, ln2 for d ln2, pre for d qkv, ln1
+// for d ln1.
 struct BlockPlan {
   size_t ln1, mean1, rstd1, qkv, att, lse, x1, ln2, mean2, rstd2, pre, h, attn_ws, total;
 };
@@ -31,12 +44,8 @@ struct BlockPlan {
 BlockPlan PlanBlock(const Backend& backend, const GptConfig& c, int64_t B, int64_t T, DType dt) {
   const size_t N = static_cast<size_t>(B * T), C = static_cast<size_t>(c.n_embd);
   const size_t es = DTypeSize(dt), sb = StatBytes(dt);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off = AlignBytes(off + bytes);
-    return at;
-  };
+  Slots slots;
+  auto take = [&slots](size_t bytes) { return slots.Take(bytes); };
   BlockPlan p{};
   p.ln1 = take(N * C * es);     // [N, C]
   p.mean1 = take(N * sb);       // [N]
@@ -52,7 +61,7 @@ BlockPlan PlanBlock(const Backend& backend, const GptConfig& c, int64_t B, int64
   p.h = take(N * 4 * C * es);    // [N, 4C] GELU output
   AttentionShape s{B, T, c.n_head, c.head_dim(), dt, 0.f};
   p.attn_ws = take(backend.AttentionWorkspaceBytes(s));
-  p.total = off;
+  p.total = slots.total();
   return p;
 }
 
@@ -64,18 +73,14 @@ struct HeadPlan {
 HeadPlan PlanHead(const GptConfig& c, int64_t B, int64_t T, DType dt, int64_t chunk) {
   const size_t N = static_cast<size_t>(B * T), C = static_cast<size_t>(c.n_embd);
   const size_t es = DTypeSize(dt), sb = StatBytes(dt);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off = AlignBytes(off + bytes);
-    return at;
-  };
+  Slots slots;
+  auto take = [&slots](size_t bytes) { return slots.Take(bytes); };
   HeadPlan p{};
   p.lnf = take(N * C * es);
   p.mean = take(N * sb);
   p.rstd = take(N * sb);
   p.logits = take(static_cast<size_t>(chunk) * static_cast<size_t>(c.Vp()) * es);
-  p.total = off;
+  p.total = slots.total();
   return p;
 }
 
@@ -104,8 +109,6 @@ void DoubleToHost(const double* src, DType t, void* dst, int64_t n) {
     for (int64_t i = 0; i < n; ++i) d[i] = cpu::Store1<T>(src[i]);
   });
 }
-
-bool IsStorageFloat(DType t) { return IsFloating(t); }
 
 }  // namespace
 
@@ -185,7 +188,7 @@ Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int
   if (seq < 1 || seq > config.seq_len)
     return InvalidArgument("GptLayers: seq = " + Str(seq) + " must be in [1, seq_len = " +
                            Str(config.seq_len) + "]");
-  if (!IsStorageFloat(dtype))
+  if (!IsFloating(dtype))
     return InvalidArgument("GptLayers: dtype " + std::string(DTypeName(dtype)) +
                            " is not a float type");
   GptLayers l;
@@ -305,7 +308,7 @@ Status GptLayers::BlockBackward(const void* params, const void* x_in, const void
                                 void* scratch, size_t scratch_bytes) const {
   RETURN_IF_ERROR(CheckScratch("BlockBackward", scratch, scratch_bytes, block_scratch_bytes_));
   if (d_in == x_in) return InvalidArgument("BlockBackward: d_in must not alias x_in");
-  if (!IsStorageFloat(grad_dtype))
+  if (!IsFloating(grad_dtype))
     return InvalidArgument("BlockBackward: grad_dtype " + std::string(DTypeName(grad_dtype)) +
                            " is not a float type");
   char* s = static_cast<char*>(scratch);
@@ -417,7 +420,7 @@ Status CheckHeadArgs(const GptLayers::HeadArgs& a, bool backward) {
     if (!a.dx) return null("dx");
     if (!a.lnf_grads) return null("lnf_grads");
     if (!a.emb_grads) return null("emb_grads");
-    if (!IsStorageFloat(a.grad_dtype))
+    if (!IsFloating(a.grad_dtype))
       return InvalidArgument(std::string(op) + ": grad_dtype " +
                              std::string(DTypeName(a.grad_dtype)) + " is not a float type");
   }
@@ -461,7 +464,7 @@ Status GptLayers::HeadForwardBackward(const HeadArgs& a) const {
     RETURN_IF_ERROR(be.Gemm(g));
     // losses, and d logits in place
     RETURN_IF_ERROR(be.CrossEntropy(
-        reinterpret_cast<float*>(static_cast<char*>(static_cast<void*>(a.losses)) + r0 * sb),
+        reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb),
         logits, logits, a.targets + r0, rows, V, Vp, a.dloss, dtype_));
     // d wte (+)= d logits^T @ ln_f(x)                [Vp, C]
     g = GemmArgs{};
@@ -516,7 +519,7 @@ Status GptLayers::HeadForward(const HeadArgs& a) const {
     g.c = logits, g.ldc = Vp, g.ab_dtype = g.c_dtype = dtype_;
     RETURN_IF_ERROR(be.Gemm(g));
     RETURN_IF_ERROR(be.CrossEntropy(
-        reinterpret_cast<float*>(static_cast<char*>(static_cast<void*>(a.losses)) + r0 * sb),
+        reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb),
         nullptr, logits, a.targets + r0, rows, V, Vp, 1.f, dtype_));
   }
   return Status::OK();
@@ -529,7 +532,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptCo
   const int64_t seq = options.seq > 0 ? options.seq : config.seq_len;
   ASSIGN_OR_RETURN(GptLayers layers,
                    GptLayers::Make(backend, config, options.batch, seq, options.dtype));
-  if (!IsStorageFloat(options.grad_dtype))
+  if (!IsFloating(options.grad_dtype))
     return InvalidArgument("GptModel: grad_dtype " + std::string(DTypeName(options.grad_dtype)) +
                            " is not a float type");
   Options o = options;
@@ -635,7 +638,7 @@ Status GptModel::SetParameter(const std::string& hf_name, const void* data, DTyp
   if (numel != t->numel)
     return InvalidArgument("GptModel::SetParameter " + hf_name + ": " + Str(numel) +
                            " elements given, the tensor has " + Str(t->numel));
-  if (!IsStorageFloat(dtype))
+  if (!IsFloating(dtype))
     return InvalidArgument("GptModel::SetParameter " + hf_name + ": dtype " +
                            std::string(DTypeName(dtype)) + " is not a float type");
   if (numel > 0 && data == nullptr)
@@ -672,7 +675,7 @@ Result<std::vector<double>> GptModel::GetGradient(const std::string& hf_name) co
 }
 
 Result<std::vector<GptModel::HostTensor>> GptModel::Export(DType dtype, bool gradients) const {
-  if (!IsStorageFloat(dtype))
+  if (!IsFloating(dtype))
     return InvalidArgument("GptModel::Export: dtype " + std::string(DTypeName(dtype)) +
                            " is not a float type");
   std::vector<HostTensor> out;

@@ -161,8 +161,10 @@ constexpr size_t StatBytes(DType dtype) { return dtype == DType::kF64 ? 8 : 4; }
 
 // The layer calls for one micro-batch shape (B sequences of T tokens, T <=
 // seq_len) in one activation/parameter dtype. All pointers are backend memory.
-// Scratch is passed in (the engine carves it from the GPU tier); its size comes
-// from the *ScratchBytes functions, which also work without a GptLayers.
+// Scratch is passed in (the engine carves it from the GPU tier), 256-byte
+// aligned like any backend allocation; its size comes from the *ScratchBytes
+// functions, which also work without a GptLayers. Calls check the scratch
+// size (InvalidArgument), not the sizes behind the other pointers.
 class GptLayers {
  public:
   static Result<GptLayers> Make(Backend* backend, const GptConfig& config, int64_t batch,
