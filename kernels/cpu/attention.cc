@@ -31,8 +31,7 @@ Status CheckShape(const AttentionShape& s, const char* op) {
 
 template <class A>
 A SoftmaxScale(const AttentionShape& s) {
-  return s.scale != 0.f ? static_cast<A>(s.scale)
-                        : A(1) / std::sqrt(static_cast<A>(s.head_dim));
+  return s.scale != 0.f ? static_cast<A>(s.scale) : A(1) / std::sqrt(static_cast<A>(s.head_dim));
 }
 
 // Copies the D columns at `col` of rows t of a [T, row_stride] block
@@ -136,8 +135,8 @@ void BackwardTyped(const AttentionShape& s, T* dqkv, const T* dout, const T* qkv
 
 }  // namespace
 
-Status CpuBackend::AttentionForward(const AttentionShape& s, void* out, float* lse,
-                                    const void* qkv, void* workspace) {
+Status CpuBackend::AttentionForward(const AttentionShape& s, void* out, float* lse, const void* qkv,
+                                    void* workspace) {
   const char* op = "AttentionForward";
   RETURN_IF_ERROR(CheckShape(s, op));
   if (s.batch * s.seq == 0) return Status::OK();

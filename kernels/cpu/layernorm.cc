@@ -68,7 +68,8 @@ Status BackwardTyped(const LayerNormArgs& a, void* dx_, void* dw_, void* db_, bo
   std::vector<A> w(C);
   LoadN(static_cast<const T*>(w_), w.data(), C);
   const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  std::vector<A> pdw(static_cast<size_t>(blocks * C), A(0)), pdb(static_cast<size_t>(blocks * C), A(0));
+  std::vector<A> pdw(static_cast<size_t>(blocks * C), A(0)),
+      pdb(static_cast<size_t>(blocks * C), A(0));
   ParallelBlocks(N, kRowsPerBlock, [&](int64_t r0, int64_t r1) {
     std::vector<A> g(C), xh(C), dyr(C), dxr(C);
     A* bw = pdw.data() + (r0 / kRowsPerBlock) * C;
@@ -114,7 +115,7 @@ Status BackwardTyped(const LayerNormArgs& a, void* dx_, void* dw_, void* db_, bo
 }  // namespace
 
 Status CpuBackend::LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd,
-                                   const void* x, const void* weight, const void* bias) {
+                                    const void* x, const void* weight, const void* bias) {
   const char* op = "LayerNormForward";
   RETURN_IF_ERROR(CheckLayerNorm(a, op));
   RETURN_IF_ERROR(CheckPtr(weight, op, "weight"));
@@ -129,9 +130,9 @@ Status CpuBackend::LayerNormForward(const LayerNormArgs& a, void* y, float* mean
 }
 
 Status CpuBackend::LayerNormBackward(const LayerNormArgs& a, void* dx, void* dweight, void* dbias,
-                                    DType grad_dtype, bool accumulate, const void* dy,
-                                    const void* x, const void* weight, const float* mean,
-                                    const float* rstd) {
+                                     DType grad_dtype, bool accumulate, const void* dy,
+                                     const void* x, const void* weight, const float* mean,
+                                     const float* rstd) {
   const char* op = "LayerNormBackward";
   RETURN_IF_ERROR(CheckLayerNorm(a, op));
   RETURN_IF_ERROR(CheckPtr(dweight, op, "dweight"));

@@ -146,7 +146,8 @@ Status ImportReference(const SafetensorsFile& f, GptModel* m) {
 // Loss and gradients against the reference: loss relative error < loss_tol,
 // each gradient tensor ||g - ref|| / ||ref|| < grad_tol.
 void CheckAgainstReference(DType dtype, int threads, double loss_tol, double grad_tol) {
-  SCOPED_TRACE(::testing::Message() << "dtype " << DTypeName(dtype) << ", file " << ReferencePath());
+  SCOPED_TRACE(::testing::Message()
+               << "dtype " << DTypeName(dtype) << ", file " << ReferencePath());
   ASSERT_OK_AND_ASSIGN(SafetensorsFile f, SafetensorsFile::Open(ReferencePath()));
   ASSERT_OK_AND_ASSIGN(Reference ref, LoadReference(f));
   auto be = MakeCpuBackend(threads);
@@ -175,8 +176,12 @@ void CheckAgainstReference(DType dtype, int threads, double loss_tol, double gra
 // float64), so fp64 agrees to float32 rounding of the stored values. Seen on
 // the bundled file: fp64 loss 1.6e-10, worst gradient 5.2e-8 (relative);
 // fp32 loss 8.8e-9, worst gradient 6.7e-7.
-TEST(GptReferenceTest, Fp64MatchesTransformers) { CheckAgainstReference(DType::kF64, 2, 1e-7, 1e-6); }
-TEST(GptReferenceTest, Fp32MatchesTransformers) { CheckAgainstReference(DType::kF32, 2, 1e-7, 1e-5); }
+TEST(GptReferenceTest, Fp64MatchesTransformers) {
+  CheckAgainstReference(DType::kF64, 2, 1e-7, 1e-6);
+}
+TEST(GptReferenceTest, Fp32MatchesTransformers) {
+  CheckAgainstReference(DType::kF32, 2, 1e-7, 1e-5);
+}
 
 // ---- layer contracts ------------------------------------------------------------------
 
@@ -208,8 +213,8 @@ TEST_F(GptLayersTest, AccumulateAddsGradientsOfASecondMicroBatch) {
   ASSERT_OK_AND_ASSIGN(double l1, model_->ForwardBackward(tokens_.data(), targets_.data()));
   std::map<std::string, std::vector<double>> once;
   for (const auto& t : HfTensors(cfg_)) once[t.name] = *model_->GetGradient(t.name);
-  ASSERT_OK_AND_ASSIGN(double l2,
-                       model_->ForwardBackward(tokens_.data(), targets_.data(), /*accumulate=*/true));
+  ASSERT_OK_AND_ASSIGN(
+      double l2, model_->ForwardBackward(tokens_.data(), targets_.data(), /*accumulate=*/true));
   EXPECT_EQ(l1, l2);
   for (const auto& t : HfTensors(cfg_)) {
     std::vector<double> twice = *model_->GetGradient(t.name), want = once[t.name];
@@ -233,9 +238,8 @@ TEST_F(GptLayersTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
   ASSERT_OK(L.BlockBackward(model_->block_params(1).data(), x.data(), d_out.data(), d_in.data(),
                             g1.data(), DType::kF64, false, scratch.data(), scratch.bytes()));
   auto d_same = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  ASSERT_OK(L.BlockBackward(model_->block_params(1).data(), x.data(), d_same.data(),
-                            d_same.data(), g2.data(), DType::kF64, false, scratch.data(),
-                            scratch.bytes()));
+  ASSERT_OK(L.BlockBackward(model_->block_params(1).data(), x.data(), d_same.data(), d_same.data(),
+                            g2.data(), DType::kF64, false, scratch.data(), scratch.bytes()));
   EXPECT_EQ(d_in.Get(), d_same.Get());
   EXPECT_EQ(d_out.Get(), dy);  // not aliased: d_out untouched
   ASSERT_OK(be_->Synchronize());
@@ -291,7 +295,8 @@ std::vector<uint8_t> RunBytes(int threads, DType dtype, const GptConfig& cfg) {
   if (!m.ok()) return {};
   EXPECT_OK((*m)->InitRandom(5));
   std::vector<int32_t> tok(3 * cfg.seq_len), tgt(tok.size());
-  for (size_t i = 0; i < tok.size(); ++i) tok[i] = (i * 31 + 7) % cfg.vocab_size, tgt[i] = (i * 17) % cfg.vocab_size;
+  for (size_t i = 0; i < tok.size(); ++i)
+    tok[i] = (i * 31 + 7) % cfg.vocab_size, tgt[i] = (i * 17) % cfg.vocab_size;
   auto loss = (*m)->ForwardBackward(tok.data(), tgt.data());
   EXPECT_OK(loss.status());
   std::vector<uint8_t> out;
