@@ -17,13 +17,26 @@ namespace {
 constexpr size_t kScratchAlign = 256;  // bytes: every scratch slot starts here
 constexpr int64_t kHeadLogitsBytes = int64_t{256} << 20;
 
-size_t AlignBytes(size_t n) { return (n + kScratchAlign - 1) / kScratchAlign * kScratchAlign; }
+// Lays out scratch slots one after another, each kScratchAlign-aligned.
+class Slots {
+ public:
+  size_t Take(size_t bytes) {
+    const size_t at = end_;
+    end_ = (end_ + bytes + kScratchAlign - 1) / kScratchAlign * kScratchAlign;
+    return at;
+  }
+  size_t total() const { return end_; }
+
+ private:
+  size_t end_ = 0;
+};
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
 // Byte offsets of the block's internals in its scratch. BlockForward fills all
-// of them (x1 too); BlockBackward reuses ln1/ln2 for d ln, h for d att and pre
-// for d qkv once their contents are no longer needed.
+// of them (x1 too); BlockBackward then reuses slots whose contents are dead:
+// h for d h (then d pre) and later d att, ln2 for d ln2, pre for d qkv, ln1
+// for d ln1.
 struct BlockPlan {
   size_t ln1, mean1, rstd1, qkv, att, lse, x1, ln2, mean2, rstd2, pre, h, attn_ws, total;
 };
@@ -31,28 +44,24 @@ struct BlockPlan {
 BlockPlan PlanBlock(const Backend& backend, const GptConfig& c, int64_t B, int64_t T, DType dt) {
   const size_t N = static_cast<size_t>(B * T), C = static_cast<size_t>(c.n_embd);
   const size_t es = DTypeSize(dt), sb = StatBytes(dt);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off = AlignBytes(off + bytes);
-    return at;
-  };
+  Slots slots;
+  auto take = [&slots](size_t bytes) { return slots.Take(bytes); };
   BlockPlan p{};
-  p.ln1 = take(N * C * es);     // [N, C]
-  p.mean1 = take(N * sb);       // [N]
-  p.rstd1 = take(N * sb);       // [N]
-  p.qkv = take(N * 3 * C * es);  // [N, 3C]
-  p.att = take(N * C * es);     // [N, C]
+  p.ln1 = take(N * C * es);                              // [N, C]
+  p.mean1 = take(N * sb);                                // [N]
+  p.rstd1 = take(N * sb);                                // [N]
+  p.qkv = take(N * 3 * C * es);                          // [N, 3C]
+  p.att = take(N * C * es);                              // [N, C]
   p.lse = take(N * static_cast<size_t>(c.n_head) * sb);  // [B, H, T]
-  p.x1 = take(N * C * es);      // [N, C] residual after attention
-  p.ln2 = take(N * C * es);     // [N, C]
+  p.x1 = take(N * C * es);                               // [N, C] residual after attention
+  p.ln2 = take(N * C * es);                              // [N, C]
   p.mean2 = take(N * sb);
   p.rstd2 = take(N * sb);
   p.pre = take(N * 4 * C * es);  // [N, 4C] pre-GELU
   p.h = take(N * 4 * C * es);    // [N, 4C] GELU output
   AttentionShape s{B, T, c.n_head, c.head_dim(), dt, 0.f};
   p.attn_ws = take(backend.AttentionWorkspaceBytes(s));
-  p.total = off;
+  p.total = slots.total();
   return p;
 }
 
@@ -64,18 +73,14 @@ struct HeadPlan {
 HeadPlan PlanHead(const GptConfig& c, int64_t B, int64_t T, DType dt, int64_t chunk) {
   const size_t N = static_cast<size_t>(B * T), C = static_cast<size_t>(c.n_embd);
   const size_t es = DTypeSize(dt), sb = StatBytes(dt);
-  size_t off = 0;
-  auto take = [&off](size_t bytes) {
-    size_t at = off;
-    off = AlignBytes(off + bytes);
-    return at;
-  };
+  Slots slots;
+  auto take = [&slots](size_t bytes) { return slots.Take(bytes); };
   HeadPlan p{};
   p.lnf = take(N * C * es);
   p.mean = take(N * sb);
   p.rstd = take(N * sb);
   p.logits = take(static_cast<size_t>(chunk) * static_cast<size_t>(c.Vp()) * es);
-  p.total = off;
+  p.total = slots.total();
   return p;
 }
 
@@ -105,8 +110,6 @@ void DoubleToHost(const double* src, DType t, void* dst, int64_t n) {
   });
 }
 
-bool IsStorageFloat(DType t) { return IsFloating(t); }
-
 }  // namespace
 
 // ---- GptConfig ---------------------------------------------------------------
@@ -124,9 +127,9 @@ Status GptConfig::Validate() const {
     return bad("n_embd = " + Str(n_embd) + " is not a multiple of n_head = " + Str(n_head));
   if (vocab_size < 1) return bad("vocab_size = " + Str(vocab_size) + " must be >= 1");
   if (padded_vocab_size != 0 && (padded_vocab_size % 128 != 0 || padded_vocab_size < vocab_size))
-    return bad("padded_vocab_size = " + Str(padded_vocab_size) +
-               " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " +
-               Str(vocab_size));
+    return bad(
+        "padded_vocab_size = " + Str(padded_vocab_size) +
+        " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " + Str(vocab_size));
   if (seq_len < 1) return bad("seq_len = " + Str(seq_len) + " must be >= 1");
   if (!(ln_eps > 0.f) || !std::isfinite(ln_eps))
     return bad("ln_eps = " + std::to_string(ln_eps) + " must be finite and > 0");
@@ -183,9 +186,9 @@ Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int
   RETURN_IF_ERROR(config.Validate());
   if (batch < 1) return InvalidArgument("GptLayers: batch = " + Str(batch) + " must be >= 1");
   if (seq < 1 || seq > config.seq_len)
-    return InvalidArgument("GptLayers: seq = " + Str(seq) + " must be in [1, seq_len = " +
-                           Str(config.seq_len) + "]");
-  if (!IsStorageFloat(dtype))
+    return InvalidArgument("GptLayers: seq = " + Str(seq) +
+                           " must be in [1, seq_len = " + Str(config.seq_len) + "]");
+  if (!IsFloating(dtype))
     return InvalidArgument("GptLayers: dtype " + std::string(DTypeName(dtype)) +
                            " is not a float type");
   GptLayers l;
@@ -198,8 +201,8 @@ Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int
   return l;
 }
 
-size_t GptLayers::BlockScratchBytes(const Backend& backend, const GptConfig& config,
-                                    int64_t batch, int64_t seq, DType dtype) {
+size_t GptLayers::BlockScratchBytes(const Backend& backend, const GptConfig& config, int64_t batch,
+                                    int64_t seq, DType dtype) {
   return PlanBlock(backend, config, batch, seq, dtype).total;
 }
 
@@ -212,8 +215,8 @@ int64_t GptLayers::DefaultHeadChunkRows(const GptConfig& config, int64_t batch, 
   return rows >= 64 ? rows / 64 * 64 : rows;
 }
 
-size_t GptLayers::HeadScratchBytes(const GptConfig& config, int64_t batch, int64_t seq,
-                                   DType dtype, int64_t chunk_rows) {
+size_t GptLayers::HeadScratchBytes(const GptConfig& config, int64_t batch, int64_t seq, DType dtype,
+                                   int64_t chunk_rows) {
   if (chunk_rows <= 0) chunk_rows = DefaultHeadChunkRows(config, batch, seq, dtype);
   return PlanHead(config, batch, seq, dtype, std::min(chunk_rows, batch * seq)).total;
 }
@@ -256,8 +259,8 @@ Status GptLayers::Recompute(const void* params, const void* x_in, char* s) const
   RETURN_IF_ERROR(be.Gemm(g));
   // att = causal attention(qkv)                      [N, C]
   const AttentionShape as{B_, T_, c.n_head, c.head_dim(), dtype_, 0.f};
-  RETURN_IF_ERROR(be.AttentionForward(as, s + p.att, reinterpret_cast<float*>(s + p.lse),
-                                      s + p.qkv, s + p.attn_ws));
+  RETURN_IF_ERROR(be.AttentionForward(as, s + p.att, reinterpret_cast<float*>(s + p.lse), s + p.qkv,
+                                      s + p.attn_ws));
   // x1 = x_in + att @ W_proj + b_proj                [N, C]
   RETURN_IF_ERROR(be.CopyDeviceToDevice(s + p.x1, x_in, static_cast<size_t>(N * C) * es));
   g = GemmArgs{};
@@ -268,8 +271,8 @@ Status GptLayers::Recompute(const void* params, const void* x_in, char* s) const
   RETURN_IF_ERROR(be.Gemm(g));
   // ln2 = LN(x1)
   RETURN_IF_ERROR(be.LayerNormForward(ln, s + p.ln2, reinterpret_cast<float*>(s + p.mean2),
-                                      reinterpret_cast<float*>(s + p.rstd2), s + p.x1,
-                                      W(L.ln2_w), W(L.ln2_b)));
+                                      reinterpret_cast<float*>(s + p.rstd2), s + p.x1, W(L.ln2_w),
+                                      W(L.ln2_b)));
   // h = gelu(pre), pre = ln2 @ W_fc + b_fc           [N, 4C]
   g = GemmArgs{};
   g.ab_dtype = g.c_dtype = dtype_;
@@ -300,12 +303,12 @@ Status GptLayers::BlockForward(const void* params, const void* x_in, void* x_out
   return backend_->Gemm(g);
 }
 
-Status GptLayers::BlockBackward(const void* params, const void* x_in, const void* d_out,
-                                void* d_in, void* grads, DType grad_dtype, bool accumulate,
-                                void* scratch, size_t scratch_bytes) const {
+Status GptLayers::BlockBackward(const void* params, const void* x_in, const void* d_out, void* d_in,
+                                void* grads, DType grad_dtype, bool accumulate, void* scratch,
+                                size_t scratch_bytes) const {
   RETURN_IF_ERROR(CheckScratch("BlockBackward", scratch, scratch_bytes, block_scratch_bytes_));
   if (d_in == x_in) return InvalidArgument("BlockBackward: d_in must not alias x_in");
-  if (!IsStorageFloat(grad_dtype))
+  if (!IsFloating(grad_dtype))
     return InvalidArgument("BlockBackward: grad_dtype " + std::string(DTypeName(grad_dtype)) +
                            " is not a float type");
   char* s = static_cast<char*>(scratch);
@@ -358,10 +361,9 @@ Status GptLayers::BlockBackward(const void* params, const void* x_in, const void
   // d x1 = d_out + LN2 backward (into d_in)
   if (d_in != d_out)
     RETURN_IF_ERROR(be.CopyDeviceToDevice(d_in, d_out, static_cast<size_t>(N * C) * es));
-  RETURN_IF_ERROR(be.LayerNormBackward(ln, d_in, G(L.ln2_w), G(L.ln2_b), grad_dtype, accumulate,
-                                       dln2, s + p.x1, W(L.ln2_w),
-                                       reinterpret_cast<const float*>(s + p.mean2),
-                                       reinterpret_cast<const float*>(s + p.rstd2)));
+  RETURN_IF_ERROR(be.LayerNormBackward(
+      ln, d_in, G(L.ln2_w), G(L.ln2_b), grad_dtype, accumulate, dln2, s + p.x1, W(L.ln2_w),
+      reinterpret_cast<const float*>(s + p.mean2), reinterpret_cast<const float*>(s + p.rstd2)));
   // Attention: x1 = x_in + att @ W_proj + b_proj
   RETURN_IF_ERROR(weight_grad(s + p.att, C, d_in, C, L.proj_w));
   RETURN_IF_ERROR(be.BiasBackward(G(L.proj_b), grad_dtype, accumulate, d_in, N, C, dtype_));
@@ -370,15 +372,14 @@ Status GptLayers::BlockBackward(const void* params, const void* x_in, const void
   RETURN_IF_ERROR(input_grad(d_in, C, L.proj_w, C, datt));
   const AttentionShape as{B_, T_, c.n_head, c.head_dim(), dtype_, 0.f};
   RETURN_IF_ERROR(be.AttentionBackward(as, dqkv, datt, s + p.qkv, s + p.att,
-                                       reinterpret_cast<const float*>(s + p.lse),
-                                       s + p.attn_ws));
+                                       reinterpret_cast<const float*>(s + p.lse), s + p.attn_ws));
   RETURN_IF_ERROR(weight_grad(s + p.ln1, C, dqkv, 3 * C, L.attn_w));
   RETURN_IF_ERROR(be.BiasBackward(G(L.attn_b), grad_dtype, accumulate, dqkv, N, 3 * C, dtype_));
   void* dln1 = s + p.ln1;  // ln1 is dead from here
   RETURN_IF_ERROR(input_grad(dqkv, 3 * C, L.attn_w, C, dln1));
   // d x_in = d x1 + LN1 backward
-  return be.LayerNormBackward(ln, d_in, G(L.ln1_w), G(L.ln1_b), grad_dtype, accumulate, dln1,
-                              x_in, W(L.ln1_w), reinterpret_cast<const float*>(s + p.mean1),
+  return be.LayerNormBackward(ln, d_in, G(L.ln1_w), G(L.ln1_b), grad_dtype, accumulate, dln1, x_in,
+                              W(L.ln1_w), reinterpret_cast<const float*>(s + p.mean1),
                               reinterpret_cast<const float*>(s + p.rstd1));
 }
 
@@ -398,8 +399,8 @@ Status GptLayers::EmbeddingBackward(void* emb_grads, DType grad_dtype, bool accu
   if (!accumulate)
     RETURN_IF_ERROR(backend_->Memset(g + e.wpe * gs, 0,
                                      static_cast<size_t>(config_.seq_len * config_.n_embd) * gs));
-  return backend_->EmbeddingBackward(g + e.wte * gs, g + e.wpe * gs, grad_dtype, dx, tokens, B_,
-                                     T_, config_.n_embd, config_.Vp(), dtype_);
+  return backend_->EmbeddingBackward(g + e.wte * gs, g + e.wpe * gs, grad_dtype, dx, tokens, B_, T_,
+                                     config_.n_embd, config_.Vp(), dtype_);
 }
 
 namespace {
@@ -417,7 +418,7 @@ Status CheckHeadArgs(const GptLayers::HeadArgs& a, bool backward) {
     if (!a.dx) return null("dx");
     if (!a.lnf_grads) return null("lnf_grads");
     if (!a.emb_grads) return null("emb_grads");
-    if (!IsStorageFloat(a.grad_dtype))
+    if (!IsFloating(a.grad_dtype))
       return InvalidArgument(std::string(op) + ": grad_dtype " +
                              std::string(DTypeName(a.grad_dtype)) + " is not a float type");
   }
@@ -430,8 +431,8 @@ Status GptLayers::HeadForwardBackward(const HeadArgs& a) const {
   Backend& be = *backend_;
   const GptConfig& c = config_;
   const int64_t N = B_ * T_, C = c.n_embd, V = c.vocab_size, Vp = c.Vp();
-  const int64_t chunk = std::min(N, a.chunk_rows > 0 ? a.chunk_rows
-                                                     : DefaultHeadChunkRows(c, B_, T_, dtype_));
+  const int64_t chunk =
+      std::min(N, a.chunk_rows > 0 ? a.chunk_rows : DefaultHeadChunkRows(c, B_, T_, dtype_));
   const HeadPlan p = PlanHead(c, B_, T_, dtype_, chunk);
   RETURN_IF_ERROR(CheckScratch("HeadForwardBackward", a.scratch, a.scratch_bytes, p.total));
   const size_t es = DTypeSize(dtype_), gs = DTypeSize(a.grad_dtype), sb = StatBytes(dtype_);
@@ -460,9 +461,9 @@ Status GptLayers::HeadForwardBackward(const HeadArgs& a) const {
     g.c = logits, g.ldc = Vp, g.ab_dtype = g.c_dtype = dtype_;
     RETURN_IF_ERROR(be.Gemm(g));
     // losses, and d logits in place
-    RETURN_IF_ERROR(be.CrossEntropy(
-        reinterpret_cast<float*>(static_cast<char*>(static_cast<void*>(a.losses)) + r0 * sb),
-        logits, logits, a.targets + r0, rows, V, Vp, a.dloss, dtype_));
+    RETURN_IF_ERROR(
+        be.CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb),
+                        logits, logits, a.targets + r0, rows, V, Vp, a.dloss, dtype_));
     // d wte (+)= d logits^T @ ln_f(x)                [Vp, C]
     g = GemmArgs{};
     g.trans_a = true;
@@ -491,8 +492,8 @@ Status GptLayers::HeadForward(const HeadArgs& a) const {
   Backend& be = *backend_;
   const GptConfig& c = config_;
   const int64_t N = B_ * T_, C = c.n_embd, V = c.vocab_size, Vp = c.Vp();
-  const int64_t chunk = std::min(N, a.chunk_rows > 0 ? a.chunk_rows
-                                                     : DefaultHeadChunkRows(c, B_, T_, dtype_));
+  const int64_t chunk =
+      std::min(N, a.chunk_rows > 0 ? a.chunk_rows : DefaultHeadChunkRows(c, B_, T_, dtype_));
   const HeadPlan p = PlanHead(c, B_, T_, dtype_, chunk);
   RETURN_IF_ERROR(CheckScratch("HeadForward", a.scratch, a.scratch_bytes, p.total));
   const size_t es = DTypeSize(dtype_), sb = StatBytes(dtype_);
@@ -515,9 +516,9 @@ Status GptLayers::HeadForward(const HeadArgs& a) const {
     g.a = lnf_out + static_cast<size_t>(r0 * C) * es, g.lda = C, g.b = wte, g.ldb = C;
     g.c = logits, g.ldc = Vp, g.ab_dtype = g.c_dtype = dtype_;
     RETURN_IF_ERROR(be.Gemm(g));
-    RETURN_IF_ERROR(be.CrossEntropy(
-        reinterpret_cast<float*>(static_cast<char*>(static_cast<void*>(a.losses)) + r0 * sb),
-        nullptr, logits, a.targets + r0, rows, V, Vp, 1.f, dtype_));
+    RETURN_IF_ERROR(
+        be.CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb),
+                        nullptr, logits, a.targets + r0, rows, V, Vp, 1.f, dtype_));
   }
   return Status::OK();
 }
@@ -529,7 +530,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptCo
   const int64_t seq = options.seq > 0 ? options.seq : config.seq_len;
   ASSIGN_OR_RETURN(GptLayers layers,
                    GptLayers::Make(backend, config, options.batch, seq, options.dtype));
-  if (!IsStorageFloat(options.grad_dtype))
+  if (!IsFloating(options.grad_dtype))
     return InvalidArgument("GptModel: grad_dtype " + std::string(DTypeName(options.grad_dtype)) +
                            " is not a float type");
   Options o = options;
@@ -558,8 +559,8 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptCo
   m->acts_.resize(static_cast<size_t>(config.n_layer + 1));
   for (auto& a : m->acts_) RETURN_IF_ERROR(alloc(static_cast<size_t>(N * C) * es, &a));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N * C) * es, &m->dx_));
-  const size_t scratch = std::max(m->layers_.block_scratch_bytes(),
-                                  m->layers_.head_scratch_bytes(o.head_chunk_rows));
+  const size_t scratch =
+      std::max(m->layers_.block_scratch_bytes(), m->layers_.head_scratch_bytes(o.head_chunk_rows));
   RETURN_IF_ERROR(alloc(scratch, &m->scratch_));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N) * 4, &m->tokens_));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N) * 4, &m->targets_));
@@ -635,7 +636,7 @@ Status GptModel::SetParameter(const std::string& hf_name, const void* data, DTyp
   if (numel != t->numel)
     return InvalidArgument("GptModel::SetParameter " + hf_name + ": " + Str(numel) +
                            " elements given, the tensor has " + Str(t->numel));
-  if (!IsStorageFloat(dtype))
+  if (!IsFloating(dtype))
     return InvalidArgument("GptModel::SetParameter " + hf_name + ": dtype " +
                            std::string(DTypeName(dtype)) + " is not a float type");
   if (numel > 0 && data == nullptr)
@@ -672,7 +673,7 @@ Result<std::vector<double>> GptModel::GetGradient(const std::string& hf_name) co
 }
 
 Result<std::vector<GptModel::HostTensor>> GptModel::Export(DType dtype, bool gradients) const {
-  if (!IsStorageFloat(dtype))
+  if (!IsFloating(dtype))
     return InvalidArgument("GptModel::Export: dtype " + std::string(DTypeName(dtype)) +
                            " is not a float type");
   std::vector<HostTensor> out;
@@ -754,9 +755,8 @@ Result<double> GptModel::ForwardBackward(const int32_t* tokens, const int32_t* t
                                           dx_.data(), block_grads_[l].data(), gd, accumulate,
                                           scratch_.data(), scratch_.bytes()));
   RETURN_IF_ERROR(layers_.EmbeddingBackward(emb_grads_.data(), gd, accumulate, tok, dx_.data()));
-  ASSIGN_OR_RETURN(double sum,
-                   SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
-                             options_.dtype));
+  ASSIGN_OR_RETURN(double sum, SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
+                                         options_.dtype));
   return valid > 0 ? sum / static_cast<double>(valid) : 0.0;
 }
 
@@ -779,9 +779,8 @@ Result<double> GptModel::Evaluate(const int32_t* tokens, const int32_t* targets)
   h.scratch = scratch_.data();
   h.scratch_bytes = scratch_.bytes();
   RETURN_IF_ERROR(layers_.HeadForward(h));
-  ASSIGN_OR_RETURN(double sum,
-                   SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
-                             options_.dtype));
+  ASSIGN_OR_RETURN(double sum, SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
+                                         options_.dtype));
   return valid > 0 ? sum / static_cast<double>(valid) : 0.0;
 }
 

@@ -60,7 +60,9 @@ struct GptConfig {
 // ---- buffer layouts (element offsets; params and grads alike) ----------------
 
 inline constexpr int64_t kSliceAlign = 64;  // elements: 128 B for f16/bf16, 256 B for f32
-constexpr int64_t AlignSlice(int64_t n) { return (n + kSliceAlign - 1) / kSliceAlign * kSliceAlign; }
+constexpr int64_t AlignSlice(int64_t n) {
+  return (n + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+}
 
 // One transformer block, in HF order (prefix transformer.h.<l>.).
 struct BlockLayout {
@@ -142,7 +144,7 @@ enum class GptBuffer : uint8_t { kEmbedding, kBlock, kLnF };
 
 // One HF-named parameter tensor and where it lives.
 struct HfTensorInfo {
-  std::string name;            // "transformer.h.3.attn.c_attn.weight"
+  std::string name;  // "transformer.h.3.attn.c_attn.weight"
   GptBuffer buffer = GptBuffer::kBlock;
   int layer = -1;              // block index for kBlock, else -1
   int64_t offset = 0;          // elements into the buffer
@@ -161,8 +163,10 @@ constexpr size_t StatBytes(DType dtype) { return dtype == DType::kF64 ? 8 : 4; }
 
 // The layer calls for one micro-batch shape (B sequences of T tokens, T <=
 // seq_len) in one activation/parameter dtype. All pointers are backend memory.
-// Scratch is passed in (the engine carves it from the GPU tier); its size comes
-// from the *ScratchBytes functions, which also work without a GptLayers.
+// Scratch is passed in (the engine carves it from the GPU tier), 256-byte
+// aligned like any backend allocation; its size comes from the *ScratchBytes
+// functions, which also work without a GptLayers. Calls check the scratch
+// size (InvalidArgument), not the sizes behind the other pointers.
 class GptLayers {
  public:
   static Result<GptLayers> Make(Backend* backend, const GptConfig& config, int64_t batch,
@@ -209,13 +213,13 @@ class GptLayers {
     // Per-token losses [B,T] (f32; f64 in fp64 mode), 0 for ignored positions.
     // The caller reduces them (mean over non-ignored: dloss = 1/count).
     float* losses = nullptr;
-    float dloss = 1.f;         // d loss / d losses[i], the same for every position
-    void* dx = nullptr;        // [B,T,C] overwritten with d loss / d x
+    float dloss = 1.f;          // d loss / d losses[i], the same for every position
+    void* dx = nullptr;         // [B,T,C] overwritten with d loss / d x
     void* lnf_grads = nullptr;  // LnFLayout, grad_dtype
     void* emb_grads = nullptr;  // EmbeddingLayout, grad_dtype: only wte is written
     DType grad_dtype = DType::kF32;
-    bool accumulate = false;    // add to lnf_grads / d wte instead of overwriting
-    int64_t chunk_rows = 0;     // token rows per logits chunk; 0 = DefaultHeadChunkRows
+    bool accumulate = false;  // add to lnf_grads / d wte instead of overwriting
+    int64_t chunk_rows = 0;   // token rows per logits chunk; 0 = DefaultHeadChunkRows
     void* scratch = nullptr;
     size_t scratch_bytes = 0;
   };
@@ -255,8 +259,8 @@ class GptModel {
     DType dtype = DType::kF32;       // parameters and activations
     DType grad_dtype = DType::kF32;  // gradients (f32 for fp32 accumulation, or dtype)
     int64_t batch = 1;
-    int64_t seq = 0;                 // tokens per sequence; 0 = config.seq_len
-    int64_t head_chunk_rows = 0;     // 0 = GptLayers::DefaultHeadChunkRows
+    int64_t seq = 0;              // tokens per sequence; 0 = config.seq_len
+    int64_t head_chunk_rows = 0;  // 0 = GptLayers::DefaultHeadChunkRows
   };
   // Allocates everything (parameters zero; call InitRandom or import).
   static Result<std::unique_ptr<GptModel>> Create(Backend* backend, const GptConfig& config,

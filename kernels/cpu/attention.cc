@@ -31,8 +31,7 @@ Status CheckShape(const AttentionShape& s, const char* op) {
 
 template <class A>
 A SoftmaxScale(const AttentionShape& s) {
-  return s.scale != 0.f ? static_cast<A>(s.scale)
-                        : A(1) / std::sqrt(static_cast<A>(s.head_dim));
+  return s.scale != 0.f ? static_cast<A>(s.scale) : A(1) / std::sqrt(static_cast<A>(s.head_dim));
 }
 
 // Copies the D columns at `col` of rows t of a [T, row_stride] block
@@ -62,11 +61,9 @@ void ForwardTyped(const AttentionShape& s, T* out, Acc<T>* lse, const T* qkv) {
       for (int64_t i = 0; i < rows; ++i) {
         const int64_t t = q0 + i;
         A* srow = sc.data() + i * t1;
-        A mx = srow[0];
-        for (int64_t j = 1; j <= t; ++j) mx = std::max(mx, srow[j]);
+        const A mx = LanesMax(srow, t + 1);
         ExpShiftRows(srow, t + 1, mx);
-        A sum = 0;
-        for (int64_t j = 0; j <= t; ++j) sum += srow[j];
+        const A sum = LanesSum(srow, t + 1);
         const A l = mx + std::log(sum), inv = A(1) / sum;
         for (int64_t j = 0; j <= t; ++j) srow[j] *= inv;
         for (int64_t j = t + 1; j < t1; ++j) srow[j] = 0;
@@ -95,11 +92,7 @@ void BackwardTyped(const AttentionShape& s, T* dqkv, const T* dout, const T* qkv
     Gather(base, 3 * C, 2 * C + h * D, T_, D, v.data());
     Gather(dout + b * T_ * C, C, h * D, T_, D, dob.data());
     Gather(out + b * T_ * C, C, h * D, T_, D, ob.data());
-    for (int64_t t = 0; t < T_; ++t) {
-      A d = 0;
-      for (int64_t j = 0; j < D; ++j) d += dob[t * D + j] * ob[t * D + j];
-      di[t] = d;
-    }
+    for (int64_t t = 0; t < T_; ++t) di[t] = LanesDot(dob.data() + t * D, ob.data() + t * D, D);
     const A* l = lse + (b * H + h) * T_;
     const int64_t qb = std::min(kQueryBlock, T_);
     std::vector<A> p(qb * T_), dp(qb * T_);
@@ -142,8 +135,8 @@ void BackwardTyped(const AttentionShape& s, T* dqkv, const T* dout, const T* qkv
 
 }  // namespace
 
-Status CpuBackend::AttentionForward(const AttentionShape& s, void* out, float* lse,
-                                    const void* qkv, void* workspace) {
+Status CpuBackend::AttentionForward(const AttentionShape& s, void* out, float* lse, const void* qkv,
+                                    void* workspace) {
   const char* op = "AttentionForward";
   RETURN_IF_ERROR(CheckShape(s, op));
   if (s.batch * s.seq == 0) return Status::OK();

@@ -15,8 +15,8 @@ Status CpuBackend::Cast(void* dst, DType dst_dtype, const void* src, DType src_d
     return VisitFloat(dst_dtype, "Cast dst_dtype", [&](auto d) {
       using D = typename decltype(d)::type;
       // Through double when either side is f64 (exact), else through float.
-      using A = std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double,
-                                   float>;
+      using A =
+          std::conditional_t<std::is_same_v<S, double> || std::is_same_v<D, double>, double, float>;
       return Run(op, [&] {
         ForEachChunk(n, [&](int64_t i, int64_t len) {
           A v[kChunk];

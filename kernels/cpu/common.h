@@ -1,5 +1,6 @@
 // Helpers shared by the CPU backend's op files: dtype dispatch, argument
-// checks, and deterministic parallel loops.
+// checks, deterministic parallel loops, and the elementwise math
+// (vecmath.inc: exp, GELU, lane reductions).
 //
 // Determinism: every parallel loop here cuts its range into blocks whose
 // boundaries depend only on the problem size (never on the thread count or on
@@ -8,6 +9,7 @@
 // bitwise the same result for any number of threads.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -136,10 +138,6 @@ void ExpShiftRows(A* v, int64_t n, A shift) {
     for (int64_t i = 0; i < n; ++i) v[i] = std::exp(v[i] - shift);
   }
 }
-
-}  // namespace strata::kernels::cpu
-
-namespace strata::kernels::cpu {
 
 // Elements per parallel block of the elementwise ops, and per chunk converted
 // to the compute type on the stack.

@@ -35,10 +35,10 @@ struct Table {
   void (*f32_to_f16)(const float*, uint16_t*, int64_t);
 };
 const Table& Active() {
-  static const Table t = ActiveIsa() == Isa::kAvx2
-                             ? Table{Bf16ToF32Avx2, F32ToBf16Avx2, F16ToF32Avx2, F32ToF16Avx2}
-                             : Table{Bf16ToF32Generic, F32ToBf16Generic, F16ToF32Generic,
-                                     F32ToF16Generic};
+  static const Table t =
+      ActiveIsa() == Isa::kAvx2
+          ? Table{Bf16ToF32Avx2, F32ToBf16Avx2, F16ToF32Avx2, F32ToF16Avx2}
+          : Table{Bf16ToF32Generic, F32ToBf16Generic, F16ToF32Generic, F32ToF16Generic};
   return t;
 }
 }  // namespace

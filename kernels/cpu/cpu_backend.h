@@ -46,8 +46,8 @@ class CpuBackend final : public Backend {
   void* native_stream() const override { return nullptr; }
 
   Status Gemm(const GemmArgs& g) override;
-  Status LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd,
-                          const void* x, const void* weight, const void* bias) override;
+  Status LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd, const void* x,
+                          const void* weight, const void* bias) override;
   Status LayerNormBackward(const LayerNormArgs& a, void* dx, void* dweight, void* dbias,
                            DType grad_dtype, bool accumulate, const void* dy, const void* x,
                            const void* weight, const float* mean, const float* rstd) override;
@@ -59,9 +59,8 @@ class CpuBackend final : public Backend {
   size_t AttentionWorkspaceBytes(const AttentionShape& s) const override { return 0; }
   Status AttentionForward(const AttentionShape& s, void* out, float* lse, const void* qkv,
                           void* workspace) override;
-  Status AttentionBackward(const AttentionShape& s, void* dqkv, const void* dout,
-                           const void* qkv, const void* out, const float* lse,
-                           void* workspace) override;
+  Status AttentionBackward(const AttentionShape& s, void* dqkv, const void* dout, const void* qkv,
+                           const void* out, const float* lse, void* workspace) override;
   Status EmbeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                           int64_t B, int64_t T, int64_t C, DType dtype) override;
   Status EmbeddingBackward(void* dwte, void* dwpe, DType grad_dtype, const void* dout,

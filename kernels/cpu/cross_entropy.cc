@@ -1,9 +1,9 @@
 // Fused softmax + cross-entropy over logits[N, Vp] whose first V columns are
-// real. Per row, in the compute type: m = max, e = exp(x - m), lse = m +
-// log(sum e), loss = lse - x[target], dlogits = (e / sum e - onehot) * dloss on the V
-// real columns and 0 on the padding. Rows with target < 0 are ignored (loss 0,
-// dlogits row 0). The row is converted before anything is written, so
-// dlogits may alias logits.
+// real. Per row, in the compute type: m = max, e = exp(x - m),
+// lse = m + log(sum e), loss = lse - x[target], and
+// dlogits = (e / sum e - onehot) * dloss on the V real columns, 0 on the
+// padding. Rows with target < 0 are ignored (loss 0, dlogits row 0). The row
+// is converted before anything is written, so dlogits may alias logits.
 #include <cmath>
 #include <vector>
 
@@ -12,8 +12,6 @@
 
 namespace strata::kernels::cpu {
 namespace {
-
-constexpr int kLanes = 16;
 
 template <class T>
 void CrossEntropyTyped(Acc<T>* losses, T* dlogits, const T* logits, const int32_t* targets,
@@ -32,14 +30,10 @@ void CrossEntropyTyped(Acc<T>* losses, T* dlogits, const T* logits, const int32_
         continue;
       }
       LoadN(logits + r * Vp, x.data(), Vp);
-      A mx = x[0];
-      for (int64_t j = 1; j < V; ++j) mx = std::max(mx, x[j]);
+      const A mx = LanesMax(x.data(), V);
       const A x_target = x[target];
       ExpShiftRows(x.data(), V, mx);  // x = exp(x - max)
-      A lanes[kLanes] = {};
-      for (int64_t j = 0; j < V; ++j) lanes[j % kLanes] += x[j];
-      A sum = 0;
-      for (int l = 0; l < kLanes; ++l) sum += lanes[l];
+      const A sum = LanesSum(x.data(), V);
       const A lse = mx + std::log(sum);
       losses[r] = lse - x_target;
       if (dlogits) {
@@ -61,17 +55,17 @@ Status CpuBackend::CrossEntropy(float* losses, void* dlogits, const void* logits
   const char* op = "CrossEntropy";
   RETURN_IF_ERROR(CheckNonNegative(N, op, "N"));
   RETURN_IF_ERROR(CheckPositive(V, op, "V"));
-  RETURN_IF_ERROR(CheckArg(Vp >= V, op,
-                           "Vp = " + std::to_string(Vp) + " < V = " + std::to_string(V)));
+  RETURN_IF_ERROR(
+      CheckArg(Vp >= V, op, "Vp = " + std::to_string(Vp) + " < V = " + std::to_string(V)));
   if (N == 0) return Status::OK();
   RETURN_IF_ERROR(CheckPtr(losses, op, "losses"));
   RETURN_IF_ERROR(CheckPtr(logits, op, "logits"));
   RETURN_IF_ERROR(CheckPtr(targets, op, "targets"));
   for (int64_t i = 0; i < N; ++i) {
     if (targets[i] >= V) {
-      return InvalidArgument(std::string(op) + ": targets[" + std::to_string(i) + "] = " +
-                             std::to_string(targets[i]) + " is not below V = " + std::to_string(V) +
-                             " (negative targets mean ignored)");
+      return InvalidArgument(
+          std::string(op) + ": targets[" + std::to_string(i) + "] = " + std::to_string(targets[i]) +
+          " is not below V = " + std::to_string(V) + " (negative targets mean ignored)");
     }
   }
   return VisitFloat(dtype, op, [&](auto t) {
@@ -80,8 +74,7 @@ Status CpuBackend::CrossEntropy(float* losses, void* dlogits, const void* logits
     return Run(op, [&] {
       // losses holds doubles for f64 (see cpu_backend.h).
       CrossEntropyTyped<T>(reinterpret_cast<A*>(losses), static_cast<T*>(dlogits),
-                           static_cast<const T*>(logits), targets, N, V, Vp,
-                           static_cast<A>(dloss));
+                           static_cast<const T*>(logits), targets, N, V, Vp, static_cast<A>(dloss));
       return Status::OK();
     });
   });

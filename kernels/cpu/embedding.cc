@@ -23,8 +23,8 @@ Status CheckShape(const char* op, int64_t B, int64_t T, int64_t C) {
 Status CheckTokens(const char* op, const int32_t* tokens, int64_t n, int64_t limit) {
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || (limit >= 0 && tokens[i] >= limit)) {
-      return InvalidArgument(std::string(op) + ": tokens[" + std::to_string(i) + "] = " +
-                             std::to_string(tokens[i]) + " is outside [0, " +
+      return InvalidArgument(std::string(op) + ": tokens[" + std::to_string(i) +
+                             "] = " + std::to_string(tokens[i]) + " is outside [0, " +
                              (limit >= 0 ? std::to_string(limit) : std::string("vocab")) + ")");
     }
   }
@@ -96,8 +96,7 @@ void BackwardTyped(G* dwte, G* dwpe, const T* dout, const int32_t* tokens, int64
 }  // namespace
 
 Status CpuBackend::EmbeddingForward(void* out, const int32_t* tokens, const void* wte,
-                                    const void* wpe, int64_t B, int64_t T, int64_t C,
-                                    DType dtype) {
+                                    const void* wpe, int64_t B, int64_t T, int64_t C, DType dtype) {
   const char* op = "EmbeddingForward";
   RETURN_IF_ERROR(CheckShape(op, B, T, C));
   if (B * T == 0) return Status::OK();

@@ -98,8 +98,8 @@ Status GemmTyped(const GemmArgs& g) {
       if (beta != A(0) && beta != A(1))
         for (int64_t i = 0; i < rows; ++i)
           for (int64_t j = 0; j < cols; ++j) cp[i * g.ldc + j] *= beta;
-      GemmKernel(g.trans_a, g.trans_b, rows, cols, k, alpha, ap, pa.ld, bp, pb.ld,
-                 beta != A(0), cp, g.ldc);
+      GemmKernel(g.trans_a, g.trans_b, rows, cols, k, alpha, ap, pa.ld, bp, pb.ld, beta != A(0), cp,
+                 g.ldc);
       if (epilogue)
         for (int64_t i = 0; i < rows; ++i) finish_row(cp + i * g.ldc, i);
     } else {
@@ -145,10 +145,10 @@ Status CheckGemm(const GemmArgs& g) {
   if (g.batch > 1) {
     RETURN_IF_ERROR(CheckArg(g.stride_a >= 0 && g.stride_b >= 0, op, "negative batch stride"));
     const int64_t c_extent = (g.m - 1) * g.ldc + g.n;
-    RETURN_IF_ERROR(CheckArg(g.stride_c >= c_extent, op,
-                             "stride_c = " + std::to_string(g.stride_c) +
-                                 " makes the batch items of C overlap (needs >= " +
-                                 std::to_string(c_extent) + ")"));
+    RETURN_IF_ERROR(CheckArg(
+        g.stride_c >= c_extent, op,
+        "stride_c = " + std::to_string(g.stride_c) +
+            " makes the batch items of C overlap (needs >= " + std::to_string(c_extent) + ")"));
   }
   return Status::OK();
 }

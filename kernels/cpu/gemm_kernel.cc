@@ -12,8 +12,8 @@ namespace strata::kernels::cpu {
 #include "kernels/cpu/gemm_eigen.inc"
 
 void GemmKernel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
-                float* c, int64_t ldc) {
+                const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
+                int64_t ldc) {
   if (ActiveIsa() == Isa::kAvx2) {
     GemmKernelF32Avx2(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, accumulate, c, ldc);
   } else {

@@ -15,8 +15,8 @@ namespace strata::kernels::cpu {
 // The result depends only on the arguments and the CPU (Eigen's blocking reads
 // the cache sizes), never on timing: bitwise repeatable.
 void GemmKernel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, float alpha,
-                const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate,
-                float* c, int64_t ldc);
+                const float* a, int64_t lda, const float* b, int64_t ldb, bool accumulate, float* c,
+                int64_t ldc);
 void GemmKernel(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, double alpha,
                 const double* a, int64_t lda, const double* b, int64_t ldb, bool accumulate,
                 double* c, int64_t ldc);

@@ -1,6 +1,6 @@
 // GradStats: *sumsq += sum of x^2 over the finite elements, *nonfinite += the
 // number of NaN/Inf elements. Squares are summed per block of kBlock elements
-// (kLanes interleaved partial sums, so the loop vectorizes), then the block
+// (kStatLanes interleaved partial sums, so the loop vectorizes), then the block
 // sums in block order — independent of the thread count.
 #include <cmath>
 #include <vector>
@@ -12,7 +12,7 @@ namespace strata::kernels::cpu {
 namespace {
 
 constexpr int64_t kBlock = 1 << 14;
-constexpr int kLanes = 16;
+constexpr int kStatLanes = 16;
 
 template <class T>
 void GradStatsTyped(const T* x, int64_t n, Acc<T>* sumsq, int32_t* nonfinite) {
@@ -21,7 +21,7 @@ void GradStatsTyped(const T* x, int64_t n, Acc<T>* sumsq, int32_t* nonfinite) {
   std::vector<A> sums(static_cast<size_t>(blocks));
   std::vector<int64_t> bad(static_cast<size_t>(blocks));
   ParallelBlocks(n, kBlock, [&](int64_t b, int64_t e) {
-    A lanes[kLanes] = {};
+    A lanes[kStatLanes] = {};
     int64_t count = 0;
     for (int64_t i = b; i < e; i += kChunk) {
       const int64_t len = std::min(kChunk, e - i);
@@ -31,11 +31,11 @@ void GradStatsTyped(const T* x, int64_t n, Acc<T>* sumsq, int32_t* nonfinite) {
         const A s = v[j] * v[j];
         const bool finite = std::isfinite(v[j]);
         count += !finite;
-        lanes[j % kLanes] += finite ? s : A(0);
+        lanes[j % kStatLanes] += finite ? s : A(0);
       }
     }
     A total = 0;
-    for (int l = 0; l < kLanes; ++l) total += lanes[l];
+    for (int l = 0; l < kStatLanes; ++l) total += lanes[l];
     sums[b / kBlock] = total;
     bad[b / kBlock] = count;
   });

@@ -41,13 +41,11 @@ Status ForwardTyped(const LayerNormArgs& a, void* y_, float* mean_, float* rstd_
     std::vector<A> row(C);
     for (int64_t r = r0; r < r1; ++r) {
       LoadN(x + r * C, row.data(), C);
-      A s = 0;
-      for (int64_t j = 0; j < C; ++j) s += row[j];
-      const A mu = s / static_cast<A>(C);
-      A v = 0;
-      for (int64_t j = 0; j < C; ++j) v += (row[j] - mu) * (row[j] - mu);
-      const A rs = A(1) / std::sqrt(v / static_cast<A>(C) + eps);
-      for (int64_t j = 0; j < C; ++j) row[j] = (row[j] - mu) * rs * w[j] + b[j];
+      const A mu = LanesSum(row.data(), C) / static_cast<A>(C);
+      for (int64_t j = 0; j < C; ++j) row[j] -= mu;
+      const A var = LanesDot(row.data(), row.data(), C) / static_cast<A>(C);
+      const A rs = A(1) / std::sqrt(var + eps);
+      for (int64_t j = 0; j < C; ++j) row[j] = row[j] * rs * w[j] + b[j];
       StoreN(row.data(), y + r * C, C);
       if (mean) mean[r] = mu;
       if (rstd) rstd[r] = rs;
@@ -70,7 +68,8 @@ Status BackwardTyped(const LayerNormArgs& a, void* dx_, void* dw_, void* db_, bo
   std::vector<A> w(C);
   LoadN(static_cast<const T*>(w_), w.data(), C);
   const int64_t blocks = (N + kRowsPerBlock - 1) / kRowsPerBlock;
-  std::vector<A> pdw(static_cast<size_t>(blocks * C), A(0)), pdb(static_cast<size_t>(blocks * C), A(0));
+  std::vector<A> pdw(static_cast<size_t>(blocks * C), A(0)),
+      pdb(static_cast<size_t>(blocks * C), A(0));
   ParallelBlocks(N, kRowsPerBlock, [&](int64_t r0, int64_t r1) {
     std::vector<A> g(C), xh(C), dyr(C), dxr(C);
     A* bw = pdw.data() + (r0 / kRowsPerBlock) * C;
@@ -79,16 +78,14 @@ Status BackwardTyped(const LayerNormArgs& a, void* dx_, void* dw_, void* db_, bo
       LoadN(dy + r * C, dyr.data(), C);
       LoadN(x + r * C, xh.data(), C);
       const A mu = mean[r], rs = rstd[r];
-      A sg = 0, sgx = 0;
       for (int64_t j = 0; j < C; ++j) {
         xh[j] = (xh[j] - mu) * rs;
         g[j] = dyr[j] * w[j];
-        sg += g[j];
-        sgx += g[j] * xh[j];
         bw[j] += dyr[j] * xh[j];
         bb[j] += dyr[j];
       }
-      const A mg = sg / static_cast<A>(C), mgx = sgx / static_cast<A>(C);
+      const A mg = LanesSum(g.data(), C) / static_cast<A>(C);
+      const A mgx = LanesDot(g.data(), xh.data(), C) / static_cast<A>(C);
       LoadN(dx + r * C, dxr.data(), C);
       for (int64_t j = 0; j < C; ++j) dxr[j] += rs * (g[j] - mg - xh[j] * mgx);
       StoreN(dxr.data(), dx + r * C, C);
@@ -118,7 +115,7 @@ Status BackwardTyped(const LayerNormArgs& a, void* dx_, void* dw_, void* db_, bo
 }  // namespace
 
 Status CpuBackend::LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd,
-                                   const void* x, const void* weight, const void* bias) {
+                                    const void* x, const void* weight, const void* bias) {
   const char* op = "LayerNormForward";
   RETURN_IF_ERROR(CheckLayerNorm(a, op));
   RETURN_IF_ERROR(CheckPtr(weight, op, "weight"));
@@ -133,9 +130,9 @@ Status CpuBackend::LayerNormForward(const LayerNormArgs& a, void* y, float* mean
 }
 
 Status CpuBackend::LayerNormBackward(const LayerNormArgs& a, void* dx, void* dweight, void* dbias,
-                                    DType grad_dtype, bool accumulate, const void* dy,
-                                    const void* x, const void* weight, const float* mean,
-                                    const float* rstd) {
+                                     DType grad_dtype, bool accumulate, const void* dy,
+                                     const void* x, const void* weight, const float* mean,
+                                     const float* rstd) {
   const char* op = "LayerNormBackward";
   RETURN_IF_ERROR(CheckLayerNorm(a, op));
   RETURN_IF_ERROR(CheckPtr(dweight, op, "dweight"));

@@ -43,10 +43,10 @@ double At(const std::vector<double>& x, size_t base, int64_t ld, bool trans, int
 }
 
 void RunGemmCase(Backend* be, const GemmCase& c, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m
-                                    << " n=" << c.n << " k=" << c.k << " batch=" << c.batch
-                                    << " bias=" << c.bias << " gelu=" << c.gelu
-                                    << " alpha=" << c.alpha << " beta=" << c.beta);
+  SCOPED_TRACE(::testing::Message()
+               << "ta=" << c.ta << " tb=" << c.tb << " m=" << c.m << " n=" << c.n << " k=" << c.k
+               << " batch=" << c.batch << " bias=" << c.bias << " gelu=" << c.gelu
+               << " alpha=" << c.alpha << " beta=" << c.beta);
   const int64_t lda = (c.ta ? c.m : c.k) + 3, ldb = (c.tb ? c.k : c.n) + 1, ldc = c.n + 2;
   const int64_t rows_a = c.ta ? c.k : c.m, rows_b = c.tb ? c.n : c.k;
   const int64_t sa = rows_a * lda + 5, sb = rows_b * ldb + 2, sc = c.m * ldc + 1;
@@ -107,8 +107,10 @@ TEST_F(CpuOpsTest, GemmMatchesNaiveReferenceOnAwkwardShapes) {
   uint64_t seed = 1;
   for (bool ta : {false, true})
     for (bool tb : {false, true})
-      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1}, {127, 96, 33},
-                             {3, 300, 70}, {130, 257, 5}})
+      for (auto [m, n, k] : {std::tuple<int64_t, int64_t, int64_t>{1, 1, 1},
+                             {127, 96, 33},
+                             {3, 300, 70},
+                             {130, 257, 5}})
         RunGemmCase(be_.get(), {ta, tb, m, n, k, 1, false, false, 1.f, 0.f}, seed++);
 }
 
@@ -151,7 +153,8 @@ TEST_F(CpuOpsTest, GemmMixedDtypesAccumulateIntoF32) {
   auto a = testing::Rounded(RandomVector(m * k, 11), DType::kBF16);
   auto b = testing::Rounded(RandomVector(k * n, 12), DType::kBF16);
   auto c0 = testing::Rounded(RandomVector(m * n, 13), DType::kF32);
-  Tensor ta = Tensor::From(be_.get(), a, DType::kBF16), tb = Tensor::From(be_.get(), b, DType::kBF16);
+  Tensor ta = Tensor::From(be_.get(), a, DType::kBF16),
+         tb = Tensor::From(be_.get(), b, DType::kBF16);
   Tensor tc = Tensor::From(be_.get(), c0, DType::kF32);
   GemmArgs g;
   g.m = m, g.n = n, g.k = k, g.a = ta.data(), g.lda = k, g.b = tb.data(), g.ldb = n;
@@ -402,9 +405,9 @@ TEST_F(CpuOpsTest, AttentionRejectsBadShapes) {
   EXPECT_THAT(be_->AttentionForward(s, t.data(), t.as<float>(), t.data(), nullptr),
               StatusIs(StatusCode::kInvalidArgument));
   s = AttentionShape{1, 2, 2, 4, kF64, -1.f};
-  EXPECT_THAT(be_->AttentionBackward(s, t.data(), t.data(), t.data(), t.data(), t.as<float>(),
-                                     nullptr),
-              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      be_->AttentionBackward(s, t.data(), t.data(), t.data(), t.data(), t.as<float>(), nullptr),
+      StatusIs(StatusCode::kInvalidArgument));
 }
 
 // ---- embedding -----------------------------------------------------------------
@@ -417,8 +420,8 @@ TEST_F(CpuOpsTest, EmbeddingForwardAndDeterministicScatter) {
   Tensor ttok = Tensor::Ints(be_.get(), tok);
   Tensor twte = Tensor::From(be_.get(), wte, kF64), twpe = Tensor::From(be_.get(), wpe, kF64);
   Tensor out = Tensor::Poisoned(be_.get(), kF64, B * T * C);
-  ASSERT_OK(be_->EmbeddingForward(out.data(), ttok.as<int32_t>(), twte.data(), twpe.data(), B, T,
-                                  C, kF64));
+  ASSERT_OK(be_->EmbeddingForward(out.data(), ttok.as<int32_t>(), twte.data(), twpe.data(), B, T, C,
+                                  kF64));
   auto o = out.Get();
   for (int64_t i = 0; i < B * T; ++i)
     for (int64_t j = 0; j < C; ++j)
@@ -427,8 +430,8 @@ TEST_F(CpuOpsTest, EmbeddingForwardAndDeterministicScatter) {
   auto dout = RandomVector(B * T * C, 3), g0 = RandomVector(Vp * C, 4), p0 = RandomVector(T * C, 5);
   Tensor td = Tensor::From(be_.get(), dout, kF64);
   Tensor dwte = Tensor::From(be_.get(), g0, kF64), dwpe = Tensor::From(be_.get(), p0, kF64);
-  ASSERT_OK(be_->EmbeddingBackward(dwte.data(), dwpe.data(), kF64, td.data(), ttok.as<int32_t>(),
-                                   B, T, C, Vp, kF64));
+  ASSERT_OK(be_->EmbeddingBackward(dwte.data(), dwpe.data(), kF64, td.data(), ttok.as<int32_t>(), B,
+                                   T, C, Vp, kF64));
   std::vector<double> want_wte = g0, want_wpe = p0;
   std::vector<double> acc(Vp * C, 0.0);
   for (int64_t i = 0; i < B * T; ++i)
@@ -442,14 +445,14 @@ TEST_F(CpuOpsTest, EmbeddingForwardAndDeterministicScatter) {
 
   tok[5] = static_cast<int32_t>(Vp);
   Tensor bad = Tensor::Ints(be_.get(), tok);
-  EXPECT_THAT(be_->EmbeddingBackward(dwte.data(), dwpe.data(), kF64, td.data(),
-                                     bad.as<int32_t>(), B, T, C, Vp, kF64),
+  EXPECT_THAT(be_->EmbeddingBackward(dwte.data(), dwpe.data(), kF64, td.data(), bad.as<int32_t>(),
+                                     B, T, C, Vp, kF64),
               StatusIs(StatusCode::kInvalidArgument));
   tok[5] = -1;
   Tensor neg = Tensor::Ints(be_.get(), tok);
-  EXPECT_THAT(be_->EmbeddingForward(out.data(), neg.as<int32_t>(), twte.data(), twpe.data(), B, T,
-                                    C, kF64),
-              StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(
+      be_->EmbeddingForward(out.data(), neg.as<int32_t>(), twte.data(), twpe.data(), B, T, C, kF64),
+      StatusIs(StatusCode::kInvalidArgument));
 }
 
 // ---- cross-entropy -----------------------------------------------------------------
@@ -488,8 +491,8 @@ TEST_F(CpuOpsTest, CrossEntropyPaddingAndIgnoredTargets) {
 
   targets[0] = static_cast<int32_t>(V);  // a padding column is not a valid target
   Tensor bad = Tensor::Ints(be_.get(), targets);
-  EXPECT_THAT(be_->CrossEntropy(losses.as<float>(), nullptr, tl.data(), bad.as<int32_t>(), N, V,
-                                Vp, 1.f, kF64),
+  EXPECT_THAT(be_->CrossEntropy(losses.as<float>(), nullptr, tl.data(), bad.as<int32_t>(), N, V, Vp,
+                                1.f, kF64),
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(be_->CrossEntropy(losses.as<float>(), nullptr, tl.data(), tt.as<int32_t>(), N, V + 57,
                                 Vp, 1.f, kF64),

@@ -65,7 +65,8 @@ TEST_P(PrecisionTest, GemmBiasGelu) {
     const int64_t m = 127, n = 96, k = 200;
     auto a = In(m * k, 1), b = In(k * n, 2), bias = In(n, 3);
     Compare(ta ? "gemm A^T+bias+gelu" : "gemm +bias+gelu", [&](Backend* be, DType t) {
-      Tensor ta_ = Tensor::From(be, a, t), tb = Tensor::From(be, b, t), tbias = Tensor::From(be, bias, t);
+      Tensor ta_ = Tensor::From(be, a, t), tb = Tensor::From(be, b, t),
+             tbias = Tensor::From(be, bias, t);
       Tensor c = Tensor::Poisoned(be, t, m * n), aux = Tensor::Poisoned(be, t, m * n);
       GemmArgs g;
       g.trans_a = ta, g.m = m, g.n = n, g.k = k, g.a = ta_.data(), g.lda = ta ? m : k;
@@ -92,8 +93,11 @@ TEST_P(PrecisionTest, LayerNorm) {
     EXPECT_OK(be->LayerNormBackward(la, dx.data(), dw.data(), dbias.data(), DType::kF32, false,
                                     tdy.data(), tx.data(), tw.data(), mean.as<float>(),
                                     rstd.as<float>()));
-    return std::vector<Output>{{"y", y.Get()}, {"rstd", rstd.Get()}, {"dx", dx.Get()},
-                               {"dweight", dw.Get()}, {"dbias", dbias.Get()}};
+    return std::vector<Output>{{"y", y.Get()},
+                               {"rstd", rstd.Get()},
+                               {"dx", dx.Get()},
+                               {"dweight", dw.Get()},
+                               {"dbias", dbias.Get()}};
   });
 }
 

@@ -31,9 +31,8 @@ struct Build {
 };
 
 std::vector<Build> Builds() {
-  std::vector<Build> b = {{"generic", convert_impl::Bf16ToF32Generic,
-                           convert_impl::F16ToF32Generic, convert_impl::F32ToBf16Generic,
-                           convert_impl::F32ToF16Generic}};
+  std::vector<Build> b = {{"generic", convert_impl::Bf16ToF32Generic, convert_impl::F16ToF32Generic,
+                           convert_impl::F32ToBf16Generic, convert_impl::F32ToF16Generic}};
   if (Avx2Usable())
     b.push_back({"avx2", convert_impl::Bf16ToF32Avx2, convert_impl::F16ToF32Avx2,
                  convert_impl::F32ToBf16Avx2, convert_impl::F32ToF16Avx2});
