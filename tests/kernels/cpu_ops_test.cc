@@ -520,16 +520,12 @@ TEST_F(CpuOpsTest, BuffersAreAlignedAndCopiesWork) {
   EXPECT_NE(be_->name().find("cpu (2 threads"), std::string::npos) << be_->name();
 }
 
-// MakeCudaBackend of a CUDA build comes from kernels/cuda/ (branch kcuda);
-// until that is merged only CUDA-less builds can link this test.
-#if !STRATA_WITH_CUDA
 TEST(DefaultBackendTest, FallsBackToCpuWithoutGpu) {
   std::string why;
   if (::strata::testing::HaveGpu(&why)) GTEST_SKIP() << "a GPU is present: the default is CUDA";
   ASSERT_OK_AND_ASSIGN(auto be, MakeDefaultBackend());
   EXPECT_EQ(be->kind(), BackendKind::kCpu);
 }
-#endif
 
 }  // namespace
 }  // namespace strata::kernels
