@@ -31,8 +31,19 @@ struct Rng {
     return r;
   }
   double Uniform() { return (static_cast<double>(Next() >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
-  // Box-Muller, one value per call.
-  double Normal() { return std::sqrt(-2.0 * std::log(Uniform())) * std::cos(6.283185307179586 * Uniform()); }
+  // Box-Muller; each pair of uniforms gives two values.
+  double Normal() {
+    if (have_spare) {
+      have_spare = false;
+      return spare;
+    }
+    double r = std::sqrt(-2.0 * std::log(Uniform())), t = 6.283185307179586 * Uniform();
+    spare = r * std::sin(t);
+    have_spare = true;
+    return r * std::cos(t);
+  }
+  double spare = 0;
+  bool have_spare = false;
 };
 
 bool EndsWith(const std::string& s, const char* suffix) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <optional>
 #include <sstream>
 
 #include "tiers/bytes.h"
@@ -29,157 +30,124 @@ Result<Plan> MakePlan(const PlanInputs& in) {
   const uint64_t L = static_cast<uint64_t>(in.n_layer);
   const uint64_t A = static_cast<uint64_t>(std::max<int64_t>(1, in.grad_accum));
   const uint64_t param_all = n * in.param_bytes;
-  const uint64_t grad_all = n * 4;
+  // Gradients are stored in one dtype wherever they live (fp32 accumulation
+  // happens in the working set's accumulator).
+  const uint64_t grad_gpu_all = n * in.grad_host_bytes;
+  const uint64_t grad_host_all = n * in.grad_host_bytes;
   const uint64_t opt_all = n * 12;
-  const uint64_t ck_all = L * A * in.checkpoint_bytes;
+  const uint64_t ck_set = A * in.checkpoint_bytes;  // one layer's inputs, all micro-batches
+  const uint64_t ck_sets = L + 1;                   // x_0 .. x_L
   const uint64_t layer_p = in.layer_params * in.param_bytes;
   const uint64_t emb_p = (in.embedding_params + in.final_params) * in.param_bytes;
   const uint64_t max_block = std::max(in.layer_params, in.embedding_params + in.final_params);
-  const uint64_t opt_staging = 3 * std::min<uint64_t>(max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
+  const uint64_t opt_staging =
+      3 * std::min<uint64_t>(max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
 
   // What the GPU needs whatever the placement: one layer computing, its fp32
-  // gradient accumulator, the residual gradients of A micro-batches (one
-  // checkpoint each), the head.
-  const uint64_t base = in.layer_workspace + in.head_workspace + in.fixed_gpu + max_block * 4 +
-                        A * in.checkpoint_bytes;
+  // gradient accumulator, the residual gradients of A micro-batches, the head.
+  const uint64_t base = in.layer_workspace + in.head_workspace + in.fixed_gpu + max_block * 4 + ck_set;
 
-  Plan p;
-  p.layer_major = in.layer_major;
-  // Try placements from most to least resident; the first that fits wins.
-  struct Choice {
-    TierKind params, grads, opt, ck;
-  };
-  std::vector<Choice> choices;
-  auto allowed_p = [&](TierKind t) {
-    if (in.offload_param == "cpu") return t == TierKind::kHost;
-    if (in.offload_param == "nvme") return t == TierKind::kNvme;
-    return t != TierKind::kNvme || in.have_nvme;
-  };
-  auto allowed_o = [&](TierKind t) {
-    if (in.offload_optimizer == "cpu") return t == TierKind::kHost;
-    if (in.offload_optimizer == "nvme") return t == TierKind::kNvme;
-    return t != TierKind::kNvme || in.have_nvme;
-  };
   const TierKind kG = TierKind::kGpu, kH = TierKind::kHost, kN = TierKind::kNvme;
+  auto allowed = [&](const std::string& req, TierKind t) {
+    if (req == "cpu") return t == kH;
+    if (req == "nvme") return t == kN;
+    return t != kN || in.have_nvme;
+  };
+
+  struct Candidate {
+    Plan plan;
+    double cost = 0;
+  };
+  std::optional<Candidate> best;
+  uint64_t best_gpu_need = UINT64_MAX, best_host_need = UINT64_MAX;
   for (TierKind pt : {kG, kH, kN})
     for (TierKind ot : {kG, kH, kN})
       for (TierKind gt : {kG, kH})
         for (TierKind ct : {kG, kH}) {
-          if (!allowed_p(pt) || !allowed_o(ot)) continue;
+          if (!allowed(in.offload_param, pt) || !allowed(in.offload_optimizer, ot)) continue;
           if (in.cpu_checkpointing && ct == kG) continue;
-          // Demotion order: optimizer before checkpoints before grads before params.
-          auto rank = [](TierKind t) { return static_cast<int>(t); };
-          if (rank(ot) < rank(ct) || rank(ct) < rank(gt) || rank(gt) < rank(std::min(pt, kH))) continue;
-          if (ot == kG && pt != kG) continue;  // GPU Adam needs resident params
-          choices.push_back({pt, gt, ot, ct});
+          // GPU Adam reads GPU gradients and writes GPU parameters.
+          if (ot == kG && (pt != kG || gt != kG)) continue;
+          Plan p;
+          p.layer_major = in.layer_major;
+          p.params = pt;
+          p.grads = gt;
+          p.optimizer = ot;
+          p.checkpoints = ct;
+          p.params_resident = pt == kG;
+          p.grad_host_bytes = in.grad_host_bytes;
+          uint64_t gpu = base, host = 0, nvme = 0;
+          Plan::Row prow{"parameters"}, grow{"gradients"}, orow{"optimizer (fp32 master, m, v)"},
+              crow{"activation checkpoints"}, wrow{"working set (scratch, grad accumulator, head)"};
+          wrow.gpu = base;
+          int depth = 0;
+          if (pt == kG) {
+            prow.gpu = param_all;
+          } else {
+            // Embedding and ln_f stay on the GPU (used at both ends of the
+            // step); blocks stream through prefetch buffers.
+            uint64_t left = in.gpu_budget > gpu + emb_p ? in.gpu_budget - gpu - emb_p : 0;
+            int want = in.prefetch_depth > 0 ? in.prefetch_depth : 4;
+            depth = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(want) + 1, left / layer_p));
+            depth = std::max(depth - 1, 1);  // one buffer computes, `depth` prefetch
+            prow.gpu = emb_p + static_cast<uint64_t>(depth + 1) * layer_p;
+            (pt == kH ? prow.host : prow.nvme) = param_all;
+            if (pt == kN) prow.host = static_cast<uint64_t>(depth + 1) * layer_p;  // staging
+          }
+          p.prefetch_depth = p.params_resident ? 0 : depth;
+          if (gt == kG) {
+            grow.gpu = grad_gpu_all;
+            if (ot != kG) grow.host = 2 * max_block * in.grad_host_bytes;  // staging for the optimizer's reads
+          } else {
+            grow.host = grad_host_all;
+          }
+          grow.kind = in.grad_host_bytes == 4 ? "gradients (fp32)" : gt == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
+          (ot == kG ? orow.gpu : ot == kH ? orow.host : orow.nvme) = opt_all;
+          if (ot == kN) orow.host = opt_staging;
+          for (const auto* r : {&prow, &grow, &orow}) gpu += r->gpu, host += r->host, nvme += r->nvme;
+          // Checkpoints: all on the GPU, or as many of the last sets as fit.
+          uint64_t gpu_sets = 0;
+          if (ct == kG) {
+            gpu_sets = ck_sets;
+          } else if (!in.cpu_checkpointing && ck_set > 0) {
+            uint64_t left = in.gpu_budget > gpu ? in.gpu_budget - gpu : 0;
+            gpu_sets = std::min<uint64_t>(ck_sets - 1, left / ck_set);  // ct == kH: at least one on the host
+          }
+          crow.gpu = gpu_sets * ck_set;
+          crow.host = (ck_sets - gpu_sets) * ck_set;
+          gpu += crow.gpu;
+          host += crow.host;
+          p.checkpoint_gpu_layers = static_cast<int64_t>(gpu_sets);
+          const bool gpu_ok = gpu <= in.gpu_budget, host_ok = host <= in.host_budget;
+          if (!gpu_ok) best_gpu_need = std::min(best_gpu_need, gpu);
+          if (gpu_ok && !host_ok) best_host_need = std::min(best_host_need, host);
+          if (!gpu_ok || !host_ok) continue;
+
+          // Bytes over each link per step.
+          const uint64_t passes = in.layer_major ? 1 : A;
+          if (!p.params_resident) p.h2d += 2 * passes * L * layer_p;  // forward and backward
+          if (ot != kG) {
+            // The optimizer reads every gradient once; with resident
+            // parameters every updated parameter goes back once (streamed ones
+            // come back through the uploads above).
+            p.d2h += gt == kG ? grad_gpu_all : grad_host_all;
+            if (p.params_resident) p.h2d += param_all;
+          }
+          const uint64_t host_ck = crow.host;
+          p.d2h += host_ck;
+          p.h2d += host_ck;
+          if (ot == kN) p.nvme_read += opt_all, p.nvme_write += opt_all;
+          if (pt == kN) p.nvme_read += 2 * passes * L * layer_p, p.nvme_write += param_all;
+          p.rows = {prow, grow, orow, crow, wrow};
+          p.gpu_total = gpu;
+          p.host_total = host;
+          p.nvme_total = nvme;
+          // Relative transfer time: PCIe ~25x faster than a disk.
+          double cost = static_cast<double>(p.h2d + p.d2h) + 25.0 * static_cast<double>(p.nvme_read + p.nvme_write);
+          if (!best || cost < best->cost || (cost == best->cost && host < best->plan.host_total))
+            best = Candidate{p, cost};
         }
-  std::sort(choices.begin(), choices.end(), [](const Choice& a, const Choice& b) {
-    auto score = [](const Choice& c) {
-      // Less traffic first: params streaming costs most per step, then grads,
-      // then checkpoints, then optimizer state.
-      return static_cast<int>(c.params) * 1000 + static_cast<int>(c.grads) * 100 +
-             static_cast<int>(c.ck) * 10 + static_cast<int>(c.opt);
-    };
-    return score(a) < score(b);
-  });
-
-  std::string gpu_short, host_short;
-  uint64_t best_gpu_need = UINT64_MAX, best_host_need = UINT64_MAX;
-  for (const Choice& c : choices) {
-    uint64_t gpu = base, host = 0, nvme = 0;
-    int depth = 0;
-    if (c.params == kG) {
-      gpu += param_all;
-    } else {
-      // Embedding and ln_f stay on the GPU (used at both ends of the step);
-      // blocks stream through prefetch buffers.
-      gpu += emb_p;
-      uint64_t left = in.gpu_budget > gpu ? in.gpu_budget - gpu : 0;
-      int want = in.prefetch_depth > 0 ? in.prefetch_depth : 4;
-      depth = static_cast<int>(std::min<uint64_t>(want, left / std::max<uint64_t>(1, layer_p)));
-      depth = std::max(depth - 1, 1);  // one buffer computes, `depth` prefetch
-      gpu += static_cast<uint64_t>(depth + 1) * layer_p;
-      (c.params == kH ? host : nvme) += param_all;
-      if (c.params == kN) host += static_cast<uint64_t>(depth + 1) * layer_p;  // staging
-    }
-    (c.grads == kG ? gpu : host) += grad_all;
-    // Gradients kept on the GPU for a host/NVMe optimizer stream down one
-    // layer at a time through two staging buffers.
-    const uint64_t grad_staging = (c.grads == kG && c.opt != kG) ? 2 * max_block * 4 : 0;
-    host += grad_staging;
-    (c.opt == kG ? gpu : c.opt == kH ? host : nvme) += opt_all;
-    if (c.opt == kN) host += opt_staging;  // read-ahead, updating, write-behind chunks
-    (c.ck == kG ? gpu : host) += ck_all;
-    bool gpu_ok = gpu <= in.gpu_budget;
-    bool host_ok = host <= in.host_budget;
-    if (!gpu_ok) best_gpu_need = std::min(best_gpu_need, gpu);
-    if (gpu_ok && !host_ok) best_host_need = std::min(best_host_need, host);
-    if (!gpu_ok || !host_ok) continue;
-
-    p.params = c.params;
-    p.grads = c.grads;
-    p.optimizer = c.opt;
-    p.checkpoints = c.ck;
-    p.params_resident = c.params == kG;
-    p.prefetch_depth = p.params_resident ? 0 : depth;
-    auto row = [&](std::string kind, TierKind t, uint64_t bytes) {
-      Plan::Row r{std::move(kind)};
-      (t == kG ? r.gpu : t == kH ? r.host : r.nvme) = bytes;
-      p.rows.push_back(r);
-    };
-    if (p.params_resident) {
-      row("parameters", kG, param_all);
-    } else {
-      Plan::Row r{"parameters"};
-      r.gpu = emb_p + static_cast<uint64_t>(depth + 1) * layer_p;
-      (c.params == kH ? r.host : r.nvme) = param_all;
-      if (c.params == kN) r.host = static_cast<uint64_t>(depth + 1) * layer_p;
-      p.rows.push_back(r);
-    }
-    {
-      Plan::Row r{"gradients (fp32)"};
-      (c.grads == kG ? r.gpu : r.host) = grad_all;
-      if (c.grads == kG) r.host = grad_staging;
-      p.rows.push_back(r);
-    }
-    {
-      Plan::Row r{"optimizer (fp32 master, m, v)"};
-      (c.opt == kG ? r.gpu : c.opt == kH ? r.host : r.nvme) = opt_all;
-      if (c.opt == kN) r.host = opt_staging;
-      p.rows.push_back(r);
-    }
-    row("activation checkpoints", c.ck, ck_all);
-    Plan::Row w{"working set (scratch, grad accumulator, head)"};
-    w.gpu = base;
-    p.rows.push_back(w);
-    p.gpu_total = gpu;
-    p.host_total = host;
-    p.nvme_total = nvme;
-
-    // Bytes over each link per step.
-    const uint64_t passes = in.layer_major ? 1 : A;  // param uploads per direction of the step
-    if (!p.params_resident) p.h2d += 2 * passes * L * layer_p;  // forward and backward
-    // A host/NVMe optimizer reads every gradient once per step and, with
-    // resident parameters, sends every updated parameter back once (streamed
-    // parameters come back through the forward pass's uploads above).
-    if (c.opt != kG) {
-      p.d2h += grad_all;
-      if (p.params_resident) p.h2d += param_all;
-    }
-    if (c.ck == kH) {
-      p.d2h += ck_all;
-      p.h2d += ck_all;
-    }
-    if (c.opt == kN) {
-      p.nvme_read += opt_all;
-      p.nvme_write += opt_all;
-    }
-    if (c.params == kN) {
-      p.nvme_read += 2 * passes * L * layer_p;
-      p.nvme_write += param_all;
-    }
-    return p;
-  }
+  if (best) return best->plan;
   if (best_gpu_need != UINT64_MAX && best_host_need == UINT64_MAX) {
     return OutOfMemory(TierKind::kGpu, best_gpu_need, in.gpu_budget,
                        "no placement fits the GPU budget: the smallest plan needs " + FormatBytes(best_gpu_need) +
@@ -215,6 +183,8 @@ std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
   std::snprintf(line, sizeof line, "%-46s %12s %12s %12s\n", "budget", FormatBytes(gpu_budget).c_str(),
                 FormatBytes(host_budget).c_str(), "-");
   os << line;
+  if (checkpoints == TierKind::kHost && checkpoint_gpu_layers > 0)
+    os << "checkpoints: the last " << checkpoint_gpu_layers << " layers' on the GPU, the rest on the host\n";
   os << "prefetch depth: " << (params_resident ? std::string("- (parameters resident)") : std::to_string(prefetch_depth))
      << ", schedule: " << (layer_major ? "layer-major" : "micro-batch-major") << "\n";
   os << "per step: H2D " << FormatBytes(h2d) << ", D2H " << FormatBytes(d2h) << ", NVMe read "

@@ -5,19 +5,24 @@
 // State kinds and their sizes (P = parameters, per layer and for the
 // embedding; B×T tokens per micro-batch; A micro-batches per step):
 //   params       P × 2 B (bf16/fp16) or 4 B (fp32)        GPU | host | NVMe
-//   grads        P × 4 B (fp32 accumulation)               GPU | host
+//   grads        P × 4 B on the GPU (fp32 accumulation), or P × grad_host_bytes
+//                on the host (bf16 in bf16 training)        GPU | host
 //   optimizer    P × 12 B (fp32 master, m, v)              GPU | host | NVMe
-//   checkpoints  L × A × B×T×C × dtype (each layer's input) GPU | host
+//   checkpoints  (L+1) × A × B×T×C × dtype (each layer's input and the
+//                head's)                                     GPU | host, or split:
+//                the last layers' on the GPU, the first layers' on the host
 // plus the GPU working set: one layer's recompute scratch, the gradient
 // accumulator of one layer (fp32), the parameter buffers of the layers in
 // flight (prefetch depth + 1), the residual-stream gradients of the A
 // micro-batches, and the head's logits chunk.
 //
-// Policy: keep on the GPU whatever fits, demoting in this order when it does
-// not: optimizer state, then checkpoints, then gradients, then parameters
-// (streamed layer by layer). On the host likewise, with NVMe for optimizer
-// state and parameters. A device forced by the config (offload_*.device
-// "cpu"/"nvme") is honoured. An impossible plan fails before anything is
+// Policy: of the placements that fit both budgets, the one with the least
+// expected transfer time per step (PCIe bytes at PCIe speed, NVMe bytes at
+// NVMe speed); ties go to the one using less host memory. Checkpoints that do
+// not all fit on the GPU are split: the GPU keeps the last layers' (used
+// first in backward), the host the first layers' (written early in forward,
+// needed last). A device forced by the config (offload_*.device "cpu"/"nvme",
+// cpu_checkpointing) is honoured. An impossible plan fails before anything is
 // allocated, naming the budget that is short and by how much.
 #pragma once
 
@@ -38,6 +43,7 @@ struct PlanInputs {
   uint64_t final_params = 0;       // ln_f
   uint64_t param_bytes = 2;        // bytes per parameter in the compute dtype
   uint64_t checkpoint_bytes = 0;   // one layer input for one micro-batch (B×T×C×dtype)
+  uint64_t grad_host_bytes = 4;    // bytes per gradient value sent to the host
   int64_t grad_accum = 1;          // micro-batches per step
   // GPU working set pieces that do not depend on the plan.
   uint64_t layer_workspace = 0;    // recompute + backward scratch of one block
@@ -65,6 +71,9 @@ struct Plan {
   TierKind optimizer = TierKind::kGpu;
   TierKind checkpoints = TierKind::kGpu;
   bool params_resident = true;     // all layers' params stay on the GPU
+  int64_t checkpoint_gpu_layers = 0;  // with checkpoints on the host: how many of the
+                                      // L+1 checkpoint sets (the last ones) stay on the GPU
+  uint64_t grad_host_bytes = 4;
   int prefetch_depth = 1;
   bool layer_major = true;
 

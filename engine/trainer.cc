@@ -22,6 +22,8 @@
 #include <thread>
 
 #include <nlohmann/json.hpp>
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
 
 #include "engine/checkpoint.h"
 #include "engine/data.h"
@@ -152,6 +154,11 @@ struct Trainer::Impl {
   Config cfg;
   GptConfig gcfg;
   DType dtype = DType::kF32;
+  // The gradients the optimizer reads: bf16 in bf16 training (as DeepSpeed's
+  // bf16 ZeRO-3), fp32 otherwise. Whatever this is, every gradient is
+  // accumulated over the micro-batches in fp32 on the GPU and rounded once,
+  // so all placements compute the same update.
+  DType grad_dtype = DType::kF32;
   int64_t B = 0, T = 0, A = 1, L = 0, C = 0;
   std::unique_ptr<kernels::Backend> backend;
   std::optional<GptLayers> layers;
@@ -169,9 +176,14 @@ struct Trainer::Impl {
 
   std::vector<Shard> shards;                // 0: embedding, 1..L: blocks, L+1: ln_f
   std::vector<std::vector<TensorId>> ck;    // [L+1][A]: layer inputs (ck[L]: head input)
+  std::vector<TierKind> ck_home;            // [L+1]: the plan's split of the checkpoints
 
   // GPU scratch, carved from the store's GPU tier.
   TierBlock block_scratch, head_scratch, tokens_dev, targets_dev, losses_dev, stats_dev, xbuf;
+  // fp32 gradient accumulators, when grad_dtype is not fp32: one block's, the
+  // embedding's (it collects from the head and the embedding backward), ln_f's.
+  TierBlock block_acc, emb_acc, lnf_acc;
+  TensorView emb_grad_view;  // f32 mode: emb.g pinned on the GPU from Head to the end of Backward
   std::vector<TierBlock> dx;                // [A] residual-stream gradients [B,T,C]
   size_t block_scratch_bytes = 0, head_scratch_bytes = 0;
   // Host staging (pinned, from the host tier) for GPU-home grads/params with a host optimizer.
@@ -211,6 +223,7 @@ struct Trainer::Impl {
   Status Forward(double* wait_s);
   Status Head(double dloss);
   Status Backward(double* wait_s);
+  Status FinishGrad(Shard& sh, void* acc, void* acquired);
   void OptimizerLoop();
   Status UpdateShard(Shard& sh, const OptJob& j);
   Status ForwardEval(int64_t batches, double* loss);
@@ -265,6 +278,7 @@ Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig&
   in->final_params = static_cast<uint64_t>(kernels::LnFLayout::For(C).numel);
   in->param_bytes = DTypeSize(dtype);
   in->checkpoint_bytes = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
+  in->grad_host_bytes = dtype == DType::kBF16 ? 2 : 4;
   in->grad_accum = cfg.grad_accum;
   in->layer_workspace = block_scratch;
   // The head's scratch, the embedding/ln_f gradients held through backward,
@@ -287,6 +301,7 @@ Status Trainer::Impl::Setup() {
   cfg = opt.config;
   ASSIGN_OR_RETURN(gcfg, MakeGptConfig(cfg));
   ASSIGN_OR_RETURN(dtype, PrecisionDType(cfg));
+  grad_dtype = dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
   B = cfg.micro_batch;
   T = cfg.model.seq_len;
   A = cfg.grad_accum;
@@ -441,7 +456,7 @@ Status Trainer::Impl::CreateTensors() {
     else s.p_home = TierKind::kGpu;
     const Shape shape{numel};
     ASSIGN_OR_RETURN(s.p, store->Create(s.name + ".p", dtype, shape, s.p_home));
-    ASSIGN_OR_RETURN(s.g, store->Create(s.name + ".g", DType::kF32, shape, s.g_home));
+    ASSIGN_OR_RETURN(s.g, store->Create(s.name + ".g", grad_dtype, shape, s.g_home));
     ASSIGN_OR_RETURN(s.w, store->Create(s.name + ".w", DType::kF32, shape, s.opt_home));
     ASSIGN_OR_RETURN(s.m, store->Create(s.name + ".m", DType::kF32, shape, s.opt_home));
     ASSIGN_OR_RETURN(s.v, store->Create(s.name + ".v", DType::kF32, shape, s.opt_home));
@@ -462,6 +477,14 @@ Status Trainer::Impl::CreateTensors() {
   ASSIGN_OR_RETURN(targets_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "targets"));
   ASSIGN_OR_RETURN(losses_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "losses"));
   ASSIGN_OR_RETURN(stats_dev, gt->Allocate(256, "gradient statistics"));
+  if (grad_dtype != DType::kF32) {
+    const int64_t Cb = kernels::BlockLayout::For(C).numel;
+    ASSIGN_OR_RETURN(block_acc, gt->Allocate(static_cast<uint64_t>(Cb) * 4, "block gradient accumulator"));
+    ASSIGN_OR_RETURN(emb_acc, gt->Allocate(static_cast<uint64_t>(kernels::EmbeddingLayout::For(Vp, gcfg.seq_len, C).numel) * 4,
+                                          "embedding gradient accumulator"));
+    ASSIGN_OR_RETURN(lnf_acc, gt->Allocate(static_cast<uint64_t>(kernels::LnFLayout::For(C).numel) * 4,
+                                          "ln_f gradient accumulator"));
+  }
 
   RETURN_IF_ERROR(add_shard("emb", GptBuffer::kEmbedding, -1,
                             kernels::EmbeddingLayout::For(Vp, gcfg.seq_len, C).numel));
@@ -470,10 +493,13 @@ Status Trainer::Impl::CreateTensors() {
   RETURN_IF_ERROR(add_shard("lnf", GptBuffer::kLnF, -1, kernels::LnFLayout::For(C).numel));
 
   ck.assign(static_cast<size_t>(L + 1), {});
+  ck_home.assign(static_cast<size_t>(L + 1), plan.checkpoints);
+  if (plan.checkpoints != TierKind::kGpu)
+    for (int64_t l = L + 1 - plan.checkpoint_gpu_layers; l <= L; ++l) ck_home[static_cast<size_t>(l)] = TierKind::kGpu;
   for (int64_t l = 0; l <= L; ++l)
     for (int64_t a = 0; a < A; ++a) {
       ASSIGN_OR_RETURN(TensorId id, store->Create("x" + std::to_string(l) + "." + std::to_string(a), dtype,
-                                                  Shape{B, T, C}, plan.checkpoints));
+                                                  Shape{B, T, C}, ck_home[static_cast<size_t>(l)]));
       ck[static_cast<size_t>(l)].push_back(id);
     }
 
@@ -482,7 +508,8 @@ Status Trainer::Impl::CreateTensors() {
     for (const auto& s : shards) max_numel = std::max(max_numel, s.numel);
     HostTier* ht = store->host_tier();
     if (plan.grads == TierKind::kGpu) {
-      ASSIGN_OR_RETURN(grad_staging, ht->Allocate(static_cast<uint64_t>(max_numel) * 4, "gradient staging"));
+      ASSIGN_OR_RETURN(grad_staging,
+                       ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(grad_dtype), "gradient staging"));
     }
     ASSIGN_OR_RETURN(param_staging,
                      ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(dtype), "parameter staging"));
@@ -494,12 +521,25 @@ Status Trainer::Impl::CreateTensors() {
 }
 
 // Writes master = init, m = v = 0, params = master rounded to the compute dtype.
+// Shards are initialized in parallel (a few at a time: each holds a few
+// copies of its size in host memory); the values do not depend on the order.
 Status Trainer::Impl::InitModel() {
-  for (auto& s : shards) {
-    ASSIGN_OR_RETURN(std::vector<float> master, InitShard(gcfg, s.kind, s.layer, s.numel, cfg.trainer.seed));
-    RETURN_IF_ERROR(WriteShardState(s, master.data(), nullptr, nullptr));
-  }
-  return Status::OK();
+  std::mutex err_mu;
+  Status first;
+  tbb::task_arena arena(std::max(1, std::min<int>(6, static_cast<int>(std::thread::hardware_concurrency()))));
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, shards.size(), [&](size_t i) {
+      Shard& s = shards[i];
+      Status st;
+      auto master = InitShard(gcfg, s.kind, s.layer, s.numel, cfg.trainer.seed);
+      st = master.ok() ? WriteShardState(s, master->data(), nullptr, nullptr) : master.status();
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (first.ok()) first = st.WithContext("initializing " + s.name);
+      }
+    });
+  });
+  return first;
 }
 
 
@@ -523,7 +563,7 @@ Status Trainer::Impl::WriteShardState(Shard& s, const float* master, const float
   RETURN_IF_ERROR(store->Write(s.p, p.data(), p.size()));
   // Gradients start as zeros so that padding never holds garbage.
   if (zeros.empty()) zeros.assign(n, 0.f);
-  RETURN_IF_ERROR(store->Write(s.g, zeros.data(), fbytes));
+  RETURN_IF_ERROR(store->Write(s.g, zeros.data(), n * DTypeSize(grad_dtype)));
   // Write-through to the homes that are not the copy written (NVMe state).
   for (TensorId id : {s.p, s.g, s.w, s.m, s.v}) {
     ASSIGN_OR_RETURN(TensorInfo info, store->Info(id));
@@ -636,7 +676,8 @@ Status Trainer::Impl::Forward(double* wait_s) {
       RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
       RETURN_IF_ERROR(store->Release(out, TierKind::kGpu, true, stream()));
       // The checkpoint x_l is complete: write it home (the host) and free the GPU.
-      if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+      if (ck_home[static_cast<size_t>(l)] != TierKind::kGpu)
+        RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
     }
     RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
     if (sh.p_home != TierKind::kGpu && !plan.params_resident)
@@ -652,12 +693,20 @@ Status Trainer::Impl::Head(double dloss) {
   RETURN_IF_ERROR(WaitShard(shards.size() - 1, nullptr));
   ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
   ASSIGN_OR_RETURN(TensorView f, store->Acquire(lnf.p, TierKind::kGpu, Access::kRead));
-  ASSIGN_OR_RETURN(TensorView eg, store->Acquire(emb.g, TierKind::kGpu, Access::kWriteDiscard));
-  ASSIGN_OR_RETURN(TensorView fg, store->Acquire(lnf.g, TierKind::kGpu, Access::kWriteDiscard));
-  // The gradient buffers are written piecewise (wte by the head, wpe later,
-  // padding never): start from zeros.
-  RETURN_IF_ERROR(backend->Memset(eg.data, 0, eg.bytes));
-  RETURN_IF_ERROR(backend->Memset(fg.data, 0, fg.bytes));
+  // Gradient accumulators: the store's GPU copies themselves in fp32 mode,
+  // else fp32 scratch rounded into them at the end.
+  void* eacc = emb_acc.data();
+  void* facc = lnf_acc.data();
+  TensorView fg;
+  if (grad_dtype == DType::kF32) {
+    ASSIGN_OR_RETURN(emb_grad_view, store->Acquire(emb.g, TierKind::kGpu, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(fg, store->Acquire(lnf.g, TierKind::kGpu, Access::kWriteDiscard));
+    eacc = emb_grad_view.data;
+    facc = fg.data;
+  }
+  // Written piecewise (wte by the head, wpe later, padding never): zeros first.
+  RETURN_IF_ERROR(backend->Memset(eacc, 0, static_cast<size_t>(emb.numel) * 4));
+  RETURN_IF_ERROR(backend->Memset(facc, 0, static_cast<size_t>(lnf.numel) * 4));
   for (int64_t a = 0; a < A; ++a) {
     TensorId xl = ck[static_cast<size_t>(L)][static_cast<size_t>(a)];
     ASSIGN_OR_RETURN(TensorView x, store->Acquire(xl, TierKind::kGpu, Access::kRead));
@@ -669,33 +718,42 @@ Status Trainer::Impl::Head(double dloss) {
     h.losses = losses_dev.as<float>() + a * BT;
     h.dloss = static_cast<float>(dloss);
     h.dx = dx[static_cast<size_t>(a)].data();
-    h.lnf_grads = fg.data;
-    h.emb_grads = eg.data;
+    h.lnf_grads = facc;
+    h.emb_grads = eacc;
     h.grad_dtype = DType::kF32;
     h.accumulate = true;
     h.scratch = head_scratch.data();
     h.scratch_bytes = head_scratch.bytes();
     RETURN_IF_ERROR(layers->HeadForwardBackward(h));
     RETURN_IF_ERROR(store->Release(xl, TierKind::kGpu, false, stream()));
-    if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(xl, TierKind::kGpu).status());
+    if (ck_home[static_cast<size_t>(L)] != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(xl, TierKind::kGpu).status());
   }
   RETURN_IF_ERROR(store->Release(lnf.p, TierKind::kGpu, false, stream()));
   RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
   // ln_f's gradients are complete; the embedding's get the token scatter at
   // the end of Backward().
+  RETURN_IF_ERROR(FinishGrad(lnf, facc, fg.data));
+  return Status::OK();
+}
+
+// The gradient of shard `sh` is complete in the fp32 accumulator `acc`: take
+// its statistics, round it into the store's copy (`acquired`: the GPU view
+// already pinned in fp32 mode, else null) and send it home.
+Status Trainer::Impl::FinishGrad(Shard& sh, void* acc, void* acquired) {
   float* sumsq = stats_dev.as<float>();
   int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
-  RETURN_IF_ERROR(backend->GradStats(fg.data, DType::kF32, lnf.numel, sumsq, nonfinite));
-  RETURN_IF_ERROR(store->Release(lnf.g, TierKind::kGpu, true, stream()));
-  if (lnf.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(lnf.g, TierKind::kGpu).status());
-  RETURN_IF_ERROR(store->Release(emb.g, TierKind::kGpu, true, stream()));
+  RETURN_IF_ERROR(backend->GradStats(acc, DType::kF32, sh.numel, sumsq, nonfinite));
+  if (!acquired) {
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+    RETURN_IF_ERROR(backend->Cast(g.data, grad_dtype, acc, DType::kF32, sh.numel));
+  }
+  RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, true, stream()));
+  if (sh.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(sh.g, TierKind::kGpu).status());
   return Status::OK();
 }
 
 Status Trainer::Impl::Backward(double* wait_s) {
   const int64_t BT = B * T;
-  float* sumsq = stats_dev.as<float>();
-  int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
   const int depth = std::max(plan.prefetch_depth, 1);
   for (int64_t l = L - 1; l >= 0; --l) {
     size_t si = static_cast<size_t>(l) + 1;
@@ -704,12 +762,17 @@ Status Trainer::Impl::Backward(double* wait_s) {
     for (int d = 1; d <= depth && static_cast<int64_t>(si) - d >= 1; ++d) next.push_back(si - static_cast<size_t>(d));
     PrefetchParams(next);
     // Checkpoints of the next layer down come back while this one computes.
-    if (plan.checkpoints != TierKind::kGpu && l > 0)
+    if (l > 0 && ck_home[static_cast<size_t>(l - 1)] != TierKind::kGpu)
       for (int64_t a = 0; a < A; ++a)
         (void)store->Prefetch(ck[static_cast<size_t>(l - 1)][static_cast<size_t>(a)], TierKind::kGpu);
     double t0 = Now();
     ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
-    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+    void* acc = block_acc.data();
+    void* acquired = nullptr;
+    if (grad_dtype == DType::kF32) {
+      ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+      acc = acquired = g.data;
+    }
     if (wait_s) *wait_s += Now() - t0;
     for (int64_t a = 0; a < A; ++a) {
       TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
@@ -717,27 +780,24 @@ Status Trainer::Impl::Backward(double* wait_s) {
       ASSIGN_OR_RETURN(TensorView xi, store->Acquire(in, TierKind::kGpu, Access::kRead));
       if (wait_s) *wait_s += Now() - t0;
       void* d = dx[static_cast<size_t>(a)].data();
-      RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, g.data, DType::kF32, a > 0, block_scratch.data(),
+      RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, acc, DType::kF32, a > 0, block_scratch.data(),
                                             block_scratch.bytes()));
       RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
-      if (plan.checkpoints != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+      if (ck_home[static_cast<size_t>(l)] != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
     }
-    RETURN_IF_ERROR(backend->GradStats(g.data, DType::kF32, sh.numel, sumsq, nonfinite));
-    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, true, stream()));
-    if (sh.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(sh.g, TierKind::kGpu).status());
+    RETURN_IF_ERROR(FinishGrad(sh, acc, acquired));
     RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
     if (sh.p_home != TierKind::kGpu && !plan.params_resident)
       RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
   }
   // Embedding backward: d wte += by token (the head wrote its part), d wpe.
   Shard& emb = shards.front();
-  ASSIGN_OR_RETURN(TensorView eg, store->Acquire(emb.g, TierKind::kGpu, Access::kReadWrite));
+  void* eacc = grad_dtype == DType::kF32 ? emb_grad_view.data : emb_acc.data();
   for (int64_t a = 0; a < A; ++a)
-    RETURN_IF_ERROR(layers->EmbeddingBackward(eg.data, DType::kF32, true, tokens_dev.as<int32_t>() + a * BT,
+    RETURN_IF_ERROR(layers->EmbeddingBackward(eacc, DType::kF32, true, tokens_dev.as<int32_t>() + a * BT,
                                               dx[static_cast<size_t>(a)].data()));
-  RETURN_IF_ERROR(backend->GradStats(eg.data, DType::kF32, emb.numel, sumsq, nonfinite));
-  RETURN_IF_ERROR(store->Release(emb.g, TierKind::kGpu, true, stream()));
-  if (emb.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(emb.g, TierKind::kGpu).status());
+  RETURN_IF_ERROR(FinishGrad(emb, eacc, grad_dtype == DType::kF32 ? eacc : nullptr));
+  emb_grad_view = TensorView{};
   return Status::OK();
 }
 
@@ -783,7 +843,7 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     a.exp_avg = m.data;
     a.exp_avg_sq = v.data;
     a.grad = g.data;
-    a.grad_dtype = DType::kF32;
+    a.grad_dtype = grad_dtype;
     a.param_out = p.data;
     a.param_out_dtype = dtype;
     void* s = nullptr;
@@ -808,7 +868,8 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
   if (sh.g_home == TierKind::kGpu) {
     // Gradients accumulated on the GPU come down through the staging buffer.
     ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->DeviceToHost(grad_staging.data(), g.data, n * 4, {},
+    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->DeviceToHost(grad_staging.data(), g.data,
+                                                                      n * DTypeSize(grad_dtype), {},
                                                                       HostMemory::kPinned));
     Status cs = t.Wait();
     RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
@@ -836,7 +897,7 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
   a.exp_avg = m.data;
   a.exp_avg_sq = v.data;
   a.grad = grad;
-  a.grad_dtype = DType::kF32;
+  a.grad_dtype = grad_dtype;
   a.param_out = pout;
   a.param_out_dtype = dtype;
   auto r = adam->Step(a, j.hyper, {j.grad_multiplier, false});
@@ -1200,7 +1261,17 @@ Status Trainer::Run(std::ostream& out) {
     out << "step " << I.step << " | val loss " << Fixed(vl, 4) << "\n";
   }
   if (!I.opt.save_dir.empty()) RETURN_IF_ERROR(Save(I.opt.save_dir));
-  return impl_->WaitAllUpdated();
+  RETURN_IF_ERROR(I.WaitAllUpdated());
+  TierStoreStats st = I.store->stats();
+  out << "memory: gpu tier peak " << FormatBytes(st.tiers[0].usage.peak_used) << " of its budget "
+      << FormatBytes(st.tiers[0].usage.budget) << "; host tier peak " << FormatBytes(st.tiers[1].usage.peak_used);
+  if (I.cuda()) {
+    auto info = QueryGpu(0);
+    if (info.ok())
+      out << "; device in use now (cudaMemGetInfo, all of this process) " << FormatBytes(info->total_bytes - info->free_bytes);
+  }
+  out << "\n";
+  return Status::OK();
 }
 
 }  // namespace strata

@@ -39,6 +39,14 @@ for stage in "$@"; do
     store) run store 150 "$BUILD/bin/strata-bench" store --json "$LOGS/store.json" ;;
     kernels) run kernels-gpu 300 "$BUILD/bin/kernels_gpu_test" ;;
     train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$LOGS/train.json" ;;
+    enginetests) run engine-gpu 60 "$BUILD/bin/engine_gpu_test" ;;
+    w13off) run gpt-1.3b-offload 90 "$BUILD/bin/strata" train --config configs/gpt-1.3b-offload.json \
+              --gpu-memory-limit 8GiB --steps ${STEPS:-6} --log-json "$LOGS/gpt-1.3b-offload.jsonl" ;;
+    w67) run gpt-6.7b 200 "$BUILD/bin/strata" train --config configs/gpt-6.7b.json --gpu-memory-limit 24GiB \
+              --host-memory-limit 110GiB --steps ${STEPS67:-3} --log-json "$LOGS/gpt-6.7b.jsonl" ;;
+    w13nvme) mkdir -p /var/tmp/strata-nvme
+             run gpt-1.3b-nvme 120 "$BUILD/bin/strata" train --config configs/gpt-1.3b-nvme.json \
+              --host-memory-limit 8GiB --steps ${STEPSNVME:-2} --log-json "$LOGS/gpt-1.3b-nvme.jsonl" ;;
     *) log "unknown stage $stage" ;;
   esac
 done

@@ -49,18 +49,39 @@ TEST(Planner, ForcedCpuOptimizerIsHonoured) {
   EXPECT_EQ(p.h2d, p.d2h / 2);
 }
 
-TEST(Planner, Gpt67bIn24GiBKeepsBf16ParametersResident) {
-  // 13.4 GB of bf16 parameters fit in 24 GiB beside the working set; the
-  // fp32 gradients (27 GB) do not, so they leave the GPU as produced.
+TEST(Planner, Gpt67bIn24GiBFitsTheH200Host) {
+  // The gpt-6.7b workload: fp32 gradients (27 GB) cannot stay on a 24 GiB
+  // GPU, so they leave for the host in bf16; the plan with the least PCIe
+  // traffic that fits 110 GiB of host memory.
   PlanInputs in = Gpt(32, 4096, 2048, 50304, 4, 8);
   in.gpu_budget = 24 * kGiB;
-  in.host_budget = 200 * kGiB;
+  in.host_budget = 110 * kGiB;
+  in.grad_host_bytes = 2;
   in.offload_optimizer = "cpu";
   ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
-  EXPECT_TRUE(p.params_resident);
   EXPECT_EQ(p.grads, TierKind::kHost);
   EXPECT_EQ(p.optimizer, TierKind::kHost);
   EXPECT_LE(p.gpu_total, in.gpu_budget);
+  EXPECT_LE(p.host_total, in.host_budget);
+  // Whatever the choice, each step moves the gradients down once (bf16).
+  EXPECT_GE(p.d2h, (32ull * (12ull * 4096 * 4096 + 13 * 4096)) * 2);
+}
+
+TEST(Planner, CheckpointsSplitBetweenGpuAndHost) {
+  // 1.3B at 8 GiB with micro-batch 8: parameters resident, the checkpoints
+  // that fit beside them stay on the GPU (the last layers'), the rest go to
+  // the host.
+  PlanInputs in = Gpt(24, 2048, 2048, 50304, 8, 4);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 100 * kGiB;
+  in.grad_host_bytes = 2;
+  in.offload_optimizer = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  EXPECT_EQ(p.checkpoints, TierKind::kHost);
+  EXPECT_GT(p.checkpoint_gpu_layers, 0);
+  EXPECT_LT(p.checkpoint_gpu_layers, 25);
+  EXPECT_LE(p.gpu_total, in.gpu_budget);
+  EXPECT_THAT(p.Table(in.gpu_budget, in.host_budget), HasSubstr("layers' on the GPU"));
 }
 
 TEST(Planner, Gpt67bIn12GiBStreamsParameters) {

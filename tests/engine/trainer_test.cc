@@ -92,6 +92,29 @@ TEST(Trainer, OffloadedPlacementsGiveTheSameLosses) {
   for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << "\n" << plan_r << plan_o;
 }
 
+TEST(Trainer, OffloadedPlacementsGiveTheSameLossesInBf16) {
+  // bf16: gradients reach the optimizer in bf16 whatever the placement,
+  // accumulated in fp32 first (through the accumulators when not resident).
+  TempDir nvme;
+  TrainOptions resident = Tiny(3);
+  resident.config.bf16 = true;
+  auto a = Losses(resident, 3);
+  TrainOptions off = Tiny(3);
+  off.config.bf16 = true;
+  off.config.zero.offload_optimizer.device = "nvme";
+  off.config.zero.offload_optimizer.nvme_path = nvme.path();
+  off.config.zero.offload_param.device = "cpu";
+  off.config.activation_checkpointing.cpu_checkpointing = true;
+  off.gpu_memory_limit = 1900 * kKiB;  // too small to keep the gradients: they go to the host
+  std::string plan;
+  auto b = Losses(off, 3, &plan);
+  EXPECT_THAT(plan, HasSubstr("bf16 on the host"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+  EXPECT_LT(a.back(), a.front());
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   TempDir dir;
   TrainOptions o = Tiny(6);
