@@ -164,7 +164,8 @@ struct Trainer::Impl {
   std::optional<GptLayers> layers;
   PlanInputs plan_in;
   Plan plan;
-  uint64_t gpu_budget = 0, host_budget = 0;
+  uint64_t gpu_budget = 0, host_budget = 0;  // of the tiers
+  uint64_t gpu_overhead = 0;  // device memory outside the GPU tier (context, libraries), counted in the limit
   std::unique_ptr<TierStore> store;
   std::unique_ptr<optim::CpuAdam> adam;
   std::optional<optim::LossScaler> scaler;
@@ -317,23 +318,35 @@ Status Trainer::Impl::Setup() {
   block_scratch_bytes = layers->block_scratch_bytes();
   head_scratch_bytes = layers->head_scratch_bytes();
 
-  // Budgets.
+  // Budgets. The GPU limit covers the whole process: what the CUDA context,
+  // cuBLASLt and the backend already hold (measured now, after the GEMM
+  // baseline freed its buffers) comes off the tier's budget, so the device
+  // never holds more than the limit.
   const bool cuda = backend->kind() == kernels::BackendKind::kCuda;
-  if (opt.gpu_memory_limit) {
-    gpu_budget = opt.gpu_memory_limit;
-  } else if (cuda) {
+  RETURN_IF_ERROR(MeasurePeak());
+  if (cuda) {
     ASSIGN_OR_RETURN(GpuInfo info, QueryGpu(0));
-    gpu_budget = info.free_bytes > 512 * kMiB ? info.free_bytes - 512 * kMiB : info.free_bytes / 2;
+    const uint64_t in_use = info.total_bytes - info.free_bytes;
+    const uint64_t margin = 128 * kMiB;  // cuBLASLt heuristics and lazily made library state
+    gpu_overhead = in_use + margin;
+    if (opt.gpu_memory_limit) {
+      if (opt.gpu_memory_limit <= gpu_overhead)
+        return OutOfMemory(TierKind::kGpu, gpu_overhead, opt.gpu_memory_limit,
+                           "--gpu-memory-limit is smaller than what the CUDA context and libraries already use (" +
+                               FormatBytes(in_use) + " in use on the device, plus a " + FormatBytes(margin) +
+                               " margin)");
+      gpu_budget = opt.gpu_memory_limit - gpu_overhead;
+    } else {
+      gpu_budget = info.free_bytes > 512 * kMiB ? info.free_bytes - 512 * kMiB : info.free_bytes / 2;
+    }
   } else {
-    gpu_budget = 4 * kGiB;  // the stand-in: host memory standing for a GPU
+    gpu_budget = opt.gpu_memory_limit ? opt.gpu_memory_limit : 4 * kGiB;  // the stand-in: host memory
   }
   host_budget = opt.host_memory_limit ? opt.host_memory_limit : HostAvailableBytes() / 10 * 8;
 
   RETURN_IF_ERROR(MakePlanInputs(opt, cfg, gcfg, dtype, block_scratch_bytes, head_scratch_bytes, gpu_budget,
                                  host_budget, &plan_in));
   ASSIGN_OR_RETURN(plan, MakePlan(plan_in));
-
-  RETURN_IF_ERROR(MeasurePeak());
 
   // The store.
   TierStoreOptions so;
@@ -1187,6 +1200,9 @@ Status Trainer::Run(std::ostream& out) {
       << "; batch " << I.B << " x " << I.A << " micro-batches\n";
   out << "data: " << I.data->Describe() << "\n";
   out << "plan:\n" << PlanTable();
+  if (I.gpu_overhead)
+    out << "gpu: the tier's budget is the limit less " << FormatBytes(I.gpu_overhead)
+        << " held outside it (CUDA context, cuBLASLt, a margin)\n";
   out.flush();
   std::ofstream json;
   if (!I.opt.log_json.empty()) {

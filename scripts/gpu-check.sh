@@ -34,7 +34,7 @@ for stage in "$@"; do
     tests) run gpu-tests 300 ctest --test-dir "$BUILD" -L gpu --output-on-failure ;;
     cputests) run cpu-tests 300 ctest --test-dir "$BUILD" -LE gpu -j 8 --output-on-failure ;;
     adam) run adam 240 "$BUILD/bin/strata-bench" adam ${ADAM_ARGS:---sizes 64M,200M --threads 1,8,16} --json "$LOGS/adam.json" ;;
-    nvme) run nvme 150 "$BUILD/bin/strata-bench" nvme --json "$LOGS/nvme.json" ;;
+    nvme) run nvme 150 "$BUILD/bin/strata-bench" nvme ${NVME_ARGS:-} --json "$LOGS/nvme.json" ;;
     pcie) run pcie 150 "$BUILD/bin/strata-bench" pcie --json "$LOGS/pcie.json" ;;
     store) run store 150 "$BUILD/bin/strata-bench" store --json "$LOGS/store.json" ;;
     kernels) run kernels-gpu 300 "$BUILD/bin/kernels_gpu_test" ;;

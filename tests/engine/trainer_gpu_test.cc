@@ -6,6 +6,7 @@
 #include "engine/trainer.h"
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
+#include "tiers/device.h"
 
 namespace strata {
 namespace {
@@ -123,6 +124,24 @@ TEST(TrainerGpu, Fp16DynamicLossScaleTrains) {
   EXPECT_LT(scale_last, scale_first);
   ASSERT_GE(applied.size(), 20u) << skipped << " of 40 steps skipped";
   EXPECT_LT(applied.back(), applied.front() - 0.5);
+}
+
+TEST(TrainerGpu, TheDeviceNeverHoldsMoreThanTheLimit) {
+  STRATA_SKIP_WITHOUT_GPU();
+  // A limit the model needs offloading for; cudaMemGetInfo counts everything
+  // the process holds (context, libraries, the tier).
+  TrainOptions o = TinyGpu(3, true);
+  o.config.model.n_layer = 8;
+  o.config.model.n_embd = 512;
+  o.config.model.n_head = 8;
+  o.config.model.seq_len = 256;
+  o.gpu_memory_limit = 1536 * kMiB;
+  o.host_memory_limit = 2 * kGiB;
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  for (int i = 0; i < 3; ++i) ASSERT_OK(t->Step().status());
+  ASSERT_OK_AND_ASSIGN(GpuInfo info, QueryGpu(0));
+  EXPECT_LE(info.total_bytes - info.free_bytes, o.gpu_memory_limit);
 }
 
 }  // namespace
