@@ -827,7 +827,19 @@ void Trainer::Impl::OptimizerLoop() {
     }
     double t0 = Now();
     Status st;
+    // NVMe state is pipelined (DeepSpeed pipeline_read / pipeline_write):
+    // shard s+1 is read while shard s updates, and shard s-1 is written back
+    // meanwhile (UpdateShard's evictions return at once; without
+    // pipeline_write they are waited for before the next shard).
+    const auto& oo = cfg.zero.offload_optimizer;
+    const bool nvme_state = !shards.empty() && shards[0].opt_home == TierKind::kNvme;
+    auto read_ahead = [&](size_t s) {
+      if (!nvme_state || j.skip || s >= shards.size()) return;
+      for (TensorId id : {shards[s].w, shards[s].m, shards[s].v}) (void)store->Prefetch(id, TierKind::kHost);
+    };
+    if (oo.pipeline_read) read_ahead(0);
     for (size_t s = 0; s < shards.size(); ++s) {
+      if (oo.pipeline_read) read_ahead(s + 1);
       if (!j.skip && st.ok()) st = UpdateShard(shards[s], j).WithContext("optimizer step of " + shards[s].name);
       std::lock_guard<std::mutex> lk(mu);
       if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
@@ -921,8 +933,13 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
   if (p_on_host) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kHost, r.ok()));
   RETURN_IF_ERROR(r.status());
   if (sh.opt_home == TierKind::kNvme) {
-    // Write-behind: the state goes home while the next shard updates.
-    for (TensorId id : {sh.w, sh.m, sh.v}) RETURN_IF_ERROR(store->Evict(id, TierKind::kHost).status());
+    // Write-behind: the state goes home while the next shard updates (or
+    // before it, without pipeline_write). A failed write keeps the data in
+    // host memory and surfaces at the next call on the tensor.
+    for (TensorId id : {sh.w, sh.m, sh.v}) {
+      ASSIGN_OR_RETURN(Ticket t, store->Evict(id, TierKind::kHost));
+      if (!cfg.zero.offload_optimizer.pipeline_write) RETURN_IF_ERROR(t.Wait());
+    }
   }
   if (!p_on_host) {
     // Upload the new parameters into their GPU home.

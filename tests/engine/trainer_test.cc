@@ -83,6 +83,8 @@ TEST(Trainer, OffloadedPlacementsGiveTheSameLosses) {
   // state on NVMe.
   off.config.zero.offload_optimizer.device = "nvme";
   off.config.zero.offload_optimizer.nvme_path = nvme.path();
+  off.config.zero.offload_optimizer.pipeline_read = true;
+  off.config.zero.offload_optimizer.pipeline_write = true;
   off.config.zero.offload_param.device = "cpu";
   off.config.activation_checkpointing.cpu_checkpointing = true;
   auto b = Losses(off, 4, &plan_o);
