@@ -34,6 +34,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "bench/raw_io.h"
 #include "tiers/bytes.h"
 #include "tiers/nvme_tier.h"
 
@@ -74,81 +75,6 @@ Result<std::vector<uint64_t>> ParseList(const std::string& text, bool bytes, con
   if (out.empty()) return InvalidArgument(std::string(what) + ": empty list");
   return out;
 }
-
-struct AlignedBuffer {
-  explicit AlignedBuffer(uint64_t n) : p(static_cast<char*>(std::aligned_alloc(4096, n))) {
-    if (p == nullptr) Die(OutOfMemory(TierKind::kHost, n, 0, "benchmark buffer"), "aligned_alloc");
-  }
-  ~AlignedBuffer() { std::free(p); }
-  char* p;
-};
-
-// The baseline: the smallest correct io_uring O_DIRECT loop. One ring, `qd`
-// I/Os of `io` bytes in flight, submitted and reaped in batches; every cqe's
-// result must be the full length (the benchmark dies otherwise).
-class RawLoop {
- public:
-  RawLoop(const std::string& path, uint32_t qd, char* buf, uint64_t bytes, bool fixed) {
-    fd_ = ::open(path.c_str(), O_RDWR | O_DIRECT | O_CLOEXEC);
-    if (fd_ < 0) Die(ErrnoStatus("open O_DIRECT", path), "raw loop");
-    int r = io_uring_queue_init(qd, &ring_, 0);
-    if (r < 0) Die(IoError("io_uring_queue_init", -r), "raw loop");
-    if (fixed) {
-      iovec iov{buf, bytes};
-      fixed_ = io_uring_register_buffers(&ring_, &iov, 1) == 0;
-    }
-  }
-  ~RawLoop() {
-    io_uring_queue_exit(&ring_);
-    ::close(fd_);
-  }
-  bool fixed() const { return fixed_; }
-
-  // Moves [0, total) of the file from/to buf in `io`-byte I/Os; seconds.
-  double Run(bool write, char* buf, uint64_t total, uint32_t io, uint32_t qd) {
-    const double t0 = NowSeconds();
-    uint64_t next = 0, done = 0;
-    uint32_t inflight = 0;
-    while (done < total) {
-      while (inflight < qd && next < total) {
-        io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
-        const uint32_t len = static_cast<uint32_t>(std::min<uint64_t>(io, total - next));
-        if (write)
-          fixed_ ? io_uring_prep_write_fixed(sqe, fd_, buf + next, len, next, 0)
-                 : io_uring_prep_write(sqe, fd_, buf + next, len, next);
-        else
-          fixed_ ? io_uring_prep_read_fixed(sqe, fd_, buf + next, len, next, 0)
-                 : io_uring_prep_read(sqe, fd_, buf + next, len, next);
-        io_uring_sqe_set_data64(sqe, next);
-        next += len;
-        ++inflight;
-      }
-      int r = io_uring_submit_and_wait(&ring_, 1);
-      if (r < 0 && r != -EINTR) Die(IoError("io_uring_submit_and_wait", -r), "raw loop");
-      io_uring_cqe* cqe;
-      unsigned head, seen = 0;
-      io_uring_for_each_cqe(&ring_, head, cqe) {
-        const uint64_t off = cqe->user_data;
-        const int64_t want = static_cast<int64_t>(std::min<uint64_t>(io, total - off));
-        if (cqe->res != want)
-          Die(cqe->res < 0 ? IoError("raw io_uring transfer", -cqe->res, {}, off)
-                           : Internal("raw io_uring transfer was short: " +
-                                      std::to_string(cqe->res) + " of " + std::to_string(want)),
-              "raw loop");
-        done += static_cast<uint64_t>(cqe->res);
-        --inflight;
-        ++seen;
-      }
-      io_uring_cq_advance(&ring_, seen);
-    }
-    return NowSeconds() - t0;
-  }
-
- private:
-  int fd_ = -1;
-  io_uring ring_{};
-  bool fixed_ = false;
-};
 
 // Moves all tensors through the tier at once; seconds.
 double TierPass(NvmeTier& tier, bool write, const std::vector<Extent>& ext, char* buf,

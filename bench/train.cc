@@ -6,7 +6,8 @@
 //                layer from its checkpoint (kernels/gpt.h, GptModel). Default
 //                shape: GPT 1.3B — 24 layers, d 2048, 16 heads, seq 2048,
 //                micro-batch 8, vocabulary 50257 (padded to 50304), bf16.
-//   (The offload workloads belong to a later issue.)
+//   --workload NAME  the offload trainer on a named workload (gpt-6.7b,
+//                gpt-1.3b-offload, gpt-1.3b-nvme): bench/train_offload.cc.
 //
 // Figures, each beside its baseline:
 //   peak         a bf16 GEMM of --peak-size^3 (8192) on random data through
@@ -36,6 +37,7 @@
 #include <vector>
 
 #include "bench/bench.h"
+#include "bench/train_offload.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/gpt.h"
@@ -284,12 +286,28 @@ const Workload kWorkloads[] = {
     {"resident", "the whole model on the GPU, per-layer recompute (default GPT 1.3B)", RunResident},
 };
 
+bool Given(int argc, char** argv, const char* flag) {
+  for (int i = 1; i < argc; ++i)
+    if (std::strncmp(argv[i], flag, std::strlen(flag)) == 0) return true;
+  return false;
+}
+bool vm_backend_given(int argc, char** argv) { return Given(argc, argv, "--backend"); }
+bool vm_steps_given(int argc, char** argv) { return Given(argc, argv, "--steps"); }
+bool vm_warmup_given(int argc, char** argv) { return Given(argc, argv, "--warmup"); }
+
 int RunTrain(int argc, char** argv) {
   TrainOptions o;
   bool no_profile = false;
+  std::string workload, gpu_limit, host_limit;
+  int64_t accum = 0;
   po::options_description desc("strata-bench train: training-step throughput");
   AddCommonOptions(desc, o.common);
   desc.add_options()("resident", po::bool_switch(&o.resident), kWorkloads[0].summary)(
+      "workload", po::value(&workload)->value_name("NAME"),
+      "the offload trainer on a named workload: gpt-6.7b, gpt-1.3b-offload, gpt-1.3b-nvme")(
+      "gpu-memory-limit", po::value(&gpu_limit)->value_name("SIZE"), "--workload: override its GPU limit")(
+      "host-memory-limit", po::value(&host_limit)->value_name("SIZE"), "--workload: override its host limit")(
+      "accum", po::value(&accum), "--workload: gradient accumulation steps (default: the workload's)")(
       "backend", po::value(&o.backend)->default_value("cuda"), "cuda, or cpu (a smoke test)")(
       "layers", po::value(&o.layers), "transformer blocks (default 24)")(
       "d", po::value(&o.d), "model width (default 2048)")(
@@ -311,6 +329,19 @@ int RunTrain(int argc, char** argv) {
     std::cerr << "strata-bench train: --steps must be >= 1 and --warmup >= 0\n";
     return 2;
   }
+  if (!workload.empty()) {
+    OffloadBenchOptions w;
+    w.common = o.common;
+    w.workload = workload;
+    w.backend = o.backend == "cuda" && !vm_backend_given(argc, argv) ? "auto" : o.backend;
+    w.steps = vm_steps_given(argc, argv) ? o.steps : 4;
+    w.warmup = vm_warmup_given(argc, argv) ? o.warmup : 1;
+    w.gpu_limit = gpu_limit;
+    w.host_limit = host_limit;
+    w.layers = o.layers, w.d = o.d, w.heads = o.heads, w.seq = o.seq, w.batch = o.batch, w.vocab = o.vocab;
+    w.accum = accum;
+    return RunOffloadWorkload(w);
+  }
   if (o.resident) return RunResident(o);
   std::cerr << "strata-bench train: pick a workload:";
   for (const auto& w : kWorkloads) std::cerr << "\n  --" << w.flag << "  " << w.summary;
@@ -320,6 +351,7 @@ int RunTrain(int argc, char** argv) {
 
 }  // namespace
 
-STRATA_BENCH_COMMAND("train", "training-step throughput of the GPT model (--resident)", RunTrain);
+STRATA_BENCH_COMMAND("train", "training-step throughput: --resident, or --workload gpt-6.7b|gpt-1.3b-offload|gpt-1.3b-nvme",
+                     RunTrain);
 
 }  // namespace strata::bench

@@ -1062,6 +1062,27 @@ const Plan& Trainer::plan() const { return impl_->plan; }
 std::string Trainer::PlanTable() const { return impl_->plan.Table(impl_->gpu_budget, impl_->host_budget); }
 int64_t Trainer::step() const { return impl_->step; }
 
+TrainerInfo Trainer::Info() const {
+  const Impl& I = *impl_;
+  TrainerInfo t;
+  t.backend = I.backend->name();
+  t.peak_flops = I.peak_flops;
+  t.peak_what = I.peak_what;
+  t.flops_per_token = ModelFlopsPerToken(I.gcfg, I.T);
+  t.tokens_per_step = I.A * I.B * I.T;
+  t.gpu_budget = I.gpu_budget;
+  t.host_budget = I.host_budget;
+  t.gpu_overhead = I.gpu_overhead;
+  TierStoreStats st = I.store->stats();
+  t.gpu_tier_peak = st.tiers[0].usage.peak_used;
+  t.host_tier_peak = st.tiers[1].usage.peak_used;
+  if (I.cuda()) {
+    auto info = QueryGpu(0);
+    if (info.ok()) t.device_in_use = info->total_bytes - info->free_bytes;
+  }
+  return t;
+}
+
 Result<StepReport> Trainer::Step() {
   Impl& I = *impl_;
   {
@@ -1151,8 +1172,10 @@ Result<StepReport> Trainer::Step() {
     r.optimizer_s = I.opt_seconds;  // the previous step's update (it overlaps this forward)
   }
   TierStoreStats after = I.store->stats();
-  r.h2d = after.host_to_gpu.bytes - before.host_to_gpu.bytes;
-  r.d2h = after.gpu_to_host.bytes - before.gpu_to_host.bytes;
+  // Every host<->GPU byte goes through the copy engine (the store's moves
+  // and the optimizer's staging copies alike).
+  r.h2d = after.copy.h2d.bytes - before.copy.h2d.bytes;
+  r.d2h = after.copy.d2h.bytes - before.copy.d2h.bytes;
   r.nvme_read = after.nvme_to_host.bytes - before.nvme_to_host.bytes;
   r.nvme_write = after.host_to_nvme.bytes - before.host_to_nvme.bytes;
   double flops = ModelFlopsPerToken(I.gcfg, I.T) * static_cast<double>(r.tokens);

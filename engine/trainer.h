@@ -72,6 +72,19 @@ struct StepReport {
   double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
 };
 
+// What a run used and measured, for reports (strata-bench train).
+struct TrainerInfo {
+  std::string backend;              // "cuda:0 NVIDIA H200"
+  double peak_flops = 0;            // the GEMM rate measured at Create (MFU's baseline)
+  std::string peak_what;            // "8192^3 bf16 GEMM 779.0 TFLOP/s"
+  double flops_per_token = 0;       // 6 N + 12 L d T
+  int64_t tokens_per_step = 0;
+  uint64_t gpu_budget = 0, host_budget = 0;  // of the tiers
+  uint64_t gpu_overhead = 0;        // device memory outside the GPU tier, inside the limit
+  uint64_t gpu_tier_peak = 0, host_tier_peak = 0;
+  uint64_t device_in_use = 0;       // cudaMemGetInfo now: the whole process (0 without CUDA)
+};
+
 class Trainer {
  public:
   // Builds the backend, plans the placement (fails before allocating when no
@@ -97,6 +110,7 @@ class Trainer {
   Status Run(std::ostream& out);
 
   int64_t step() const;
+  TrainerInfo Info() const;
   // A parameter (fp32 master weights) by its Hugging Face name, for tests.
   Result<std::vector<float>> Parameter(const std::string& hf_name);
 

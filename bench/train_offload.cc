@@ -1,0 +1,266 @@
+// strata-bench train --workload NAME: the offload trainer on a named workload.
+//
+// Workloads (../shared/DESIGN.md has the peer figures):
+//   gpt-6.7b          32 layers, d 4096, 32 heads, seq 2048, vocab 50304,
+//                     micro-batch 4, accumulation 8, bf16, GPU limit 24 GiB,
+//                     optimizer state on the host. Figure: MFU against the
+//                     bf16 GEMM rate measured in the same run; target >= 45%.
+//   gpt-1.3b-offload  24 layers, d 2048, 16 heads, seq 2048, micro-batch 8,
+//                     bf16, GPU limit 8 GiB, optimizer state on the host.
+//                     Baseline: the same trainer all-resident (no limit,
+//                     GPU Adam), measured first in the same run; target
+//                     >= 85% of its tokens/s.
+//   gpt-1.3b-nvme     the 1.3B shape with optimizer state on NVMe (pipelined
+//                     read/write), host limit 8 GiB. Baseline: a plain
+//                     io_uring O_DIRECT loop (1 MiB I/Os, depth 32) reading
+//                     and writing a file in the same directory in the same
+//                     run; bound = NVMe read bytes / read GB/s + write bytes
+//                     / write GB/s per step; target step time <= 1.15 x bound.
+//
+// Every workload prints the plan, tokens/s, MFU, GPU peak memory (the tier's
+// accounting and cudaMemGetInfo of the whole process), the time split
+// (forward, backward, optimizer, waiting) and bytes per link, medians over
+// --steps timed steps after --warmup; --json writes them with the losses.
+#include "bench/train_offload.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <optional>
+#include <filesystem>
+#include <iostream>
+#include <sstream>
+
+#include "bench/raw_io.h"
+#include "engine/trainer.h"
+#include "tiers/bytes.h"
+
+namespace strata::bench {
+
+namespace {
+
+#ifndef STRATA_DATA_DIR
+#define STRATA_DATA_DIR "data"
+#endif
+
+std::string Fixed(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.2f", v);
+  return b;
+}
+
+struct Spec {
+  const char* name;
+  int64_t layers, d, heads, seq, batch, accum;
+  const char* gpu_limit;   // "" = the card's free memory
+  const char* host_limit;  // "" = the default
+  const char* optimizer_device;
+};
+
+const Spec kSpecs[] = {
+    {"gpt-6.7b", 32, 4096, 32, 2048, 4, 8, "24GiB", "110GiB", "cpu"},
+    {"gpt-1.3b-offload", 24, 2048, 16, 2048, 8, 1, "8GiB", "", "cpu"},
+    {"gpt-1.3b-nvme", 24, 2048, 16, 2048, 8, 1, "", "8GiB", "nvme"},
+};
+
+struct Run {
+  std::vector<StepReport> steps;
+  TrainerInfo info;
+  std::string plan;
+  StepReport median;
+};
+
+double MedianOf(const std::vector<StepReport>& v, double StepReport::*f) {
+  std::vector<double> x;
+  for (const auto& r : v) x.push_back(r.*f);
+  return Median(x);
+}
+
+Result<Run> Train(const TrainOptions& t, int warmup, int steps) {
+  std::ostringstream log;
+  ASSIGN_OR_RETURN(auto trainer, Trainer::Create(t, log));
+  Run run;
+  run.plan = trainer->PlanTable();
+  for (int i = 0; i < warmup + steps; ++i) {
+    ASSIGN_OR_RETURN(StepReport r, trainer->Step());
+    std::cerr << "  step " << r.step << ": loss " << r.loss << ", " << r.seconds << " s\n";
+    if (i >= warmup) run.steps.push_back(r);
+  }
+  run.info = trainer->Info();
+  StepReport& m = run.median;
+  m.seconds = MedianOf(run.steps, &StepReport::seconds);
+  m.forward_s = MedianOf(run.steps, &StepReport::forward_s);
+  m.backward_s = MedianOf(run.steps, &StepReport::backward_s);
+  m.optimizer_s = MedianOf(run.steps, &StepReport::optimizer_s);
+  m.wait_s = MedianOf(run.steps, &StepReport::wait_s);
+  m.tokens = run.steps.empty() ? 0 : run.steps.back().tokens;
+  for (const auto& r : run.steps) {
+    m.h2d = std::max(m.h2d, r.h2d), m.d2h = std::max(m.d2h, r.d2h);
+    m.nvme_read = std::max(m.nvme_read, r.nvme_read), m.nvme_write = std::max(m.nvme_write, r.nvme_write);
+  }
+  return run;
+}
+
+// Raw io_uring bandwidth of `dir`: write then read a file of `bytes`.
+struct RawBandwidth {
+  double read_gbs = 0, write_gbs = 0;
+};
+RawBandwidth MeasureRaw(const std::string& dir, uint64_t bytes) {
+  std::string path = dir + "/strata-bench-raw.bin";
+  {
+    int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) Die(ErrnoStatus("create", path), "raw baseline");
+    if (::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) Die(ErrnoStatus("fallocate", path), "raw baseline");
+    ::close(fd);
+  }
+  AlignedBuffer buf(bytes);
+  std::memset(buf.p, 0x5a, bytes);
+  RawLoop raw(path, 32, buf.p, bytes, false);
+  RawBandwidth b;
+  std::vector<double> w, r;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(bytes / raw.Run(true, buf.p, bytes, 1 << 20, 32) / 1e9);
+    r.push_back(bytes / raw.Run(false, buf.p, bytes, 1 << 20, 32) / 1e9);
+  }
+  ::unlink(path.c_str());
+  b.write_gbs = Median(w);
+  b.read_gbs = Median(r);
+  return b;
+}
+
+nlohmann::json RunJson(const Run& r) {
+  nlohmann::json steps = nlohmann::json::array();
+  for (const auto& s : r.steps)
+    steps.push_back({{"step", s.step}, {"loss", s.loss}, {"seconds", s.seconds}, {"forward_s", s.forward_s},
+                     {"backward_s", s.backward_s}, {"optimizer_s", s.optimizer_s}, {"wait_s", s.wait_s},
+                     {"h2d", s.h2d}, {"d2h", s.d2h}, {"nvme_read", s.nvme_read}, {"nvme_write", s.nvme_write}});
+  return {{"plan", r.plan},
+          {"steps", steps},
+          {"gpu_tier_peak", r.info.gpu_tier_peak},
+          {"device_in_use", r.info.device_in_use},
+          {"host_tier_peak", r.info.host_tier_peak},
+          {"backend", r.info.backend},
+          {"peak", r.info.peak_what}};
+}
+
+}  // namespace
+
+const char* OffloadWorkloadList() { return "gpt-6.7b, gpt-1.3b-offload, gpt-1.3b-nvme"; }
+
+int RunOffloadWorkload(const OffloadBenchOptions& o) {
+  const Spec* spec = nullptr;
+  for (const auto& s : kSpecs)
+    if (o.workload == s.name) spec = &s;
+  if (!spec) {
+    std::cerr << "strata-bench train: unknown workload '" << o.workload << "' (known: " << OffloadWorkloadList()
+              << ")\n";
+    return 2;
+  }
+  auto pick = [](int64_t over, int64_t def) { return over > 0 ? over : def; };
+  TrainOptions t;
+  Config& c = t.config;
+  c.model.n_layer = static_cast<int>(pick(o.layers, spec->layers));
+  c.model.n_embd = static_cast<int>(pick(o.d, spec->d));
+  c.model.n_head = static_cast<int>(pick(o.heads, spec->heads));
+  c.model.seq_len = static_cast<int>(pick(o.seq, spec->seq));
+  c.model.vocab_size = static_cast<int>(pick(o.vocab, 50304));
+  c.micro_batch = pick(o.batch, spec->batch);
+  c.grad_accum = pick(o.accum, spec->accum);
+  c.train_batch_size = c.micro_batch * c.grad_accum;
+  c.bf16 = true;
+  c.optimizer.lr = 1e-4;
+  c.optimizer.beta2 = 0.95;
+  c.optimizer.weight_decay = 0.1;
+  c.gradient_clipping = 1.0;
+  c.wall_clock_breakdown = true;
+  c.scheduler.type = "WarmupLR";
+  c.scheduler.params = {{"warmup_num_steps", 500}, {"warmup_type", "linear"}};
+  t.default_data = std::string(STRATA_DATA_DIR) + "/kjv.txt";
+  t.backend = o.backend;
+  auto bytes = [](const std::string& text) -> uint64_t {
+    return text.empty() ? 0 : BENCH_VALUE(ParseBytes(text));
+  };
+  t.gpu_memory_limit = bytes(o.gpu_limit.empty() ? spec->gpu_limit : o.gpu_limit);
+  t.host_memory_limit = bytes(o.host_limit.empty() ? spec->host_limit : o.host_limit);
+  c.zero.offload_optimizer.device = spec->optimizer_device;
+  std::optional<BenchDir> dir;
+  if (std::string(spec->optimizer_device) == "nvme") {
+    dir.emplace(BENCH_VALUE(BenchDir::Make(o.common.dir)));
+    c.zero.offload_optimizer.nvme_path = dir->path();
+    c.zero.offload_optimizer.pipeline_read = c.zero.offload_optimizer.pipeline_write = true;
+    c.aio.queue_depth = 32;
+    c.aio.intra_op_parallelism = 2;
+  }
+
+  Report rep("train " + o.workload);
+  std::cerr << "strata-bench train --workload " << o.workload << ": " << c.model.n_layer << " layers, d "
+            << c.model.n_embd << ", seq " << c.model.seq_len << ", micro-batch " << c.micro_batch << " x "
+            << c.grad_accum << ", bf16\n";
+
+  // Baselines measured in this run.
+  std::optional<Run> resident;
+  RawBandwidth raw;
+  if (o.workload == "gpt-1.3b-offload") {
+    TrainOptions r = t;
+    r.gpu_memory_limit = 0;
+    r.config.zero.offload_optimizer.device = "none";
+    std::cerr << "baseline: the same model all-resident\n";
+    resident = BENCH_VALUE(Train(r, o.warmup, o.steps));
+  }
+  if (dir) {
+    raw = MeasureRaw(dir->path(), 1ull << 30);
+    std::cerr << "baseline: raw io_uring O_DIRECT in " << dir->path() << ": read " << raw.read_gbs << " GB/s, write "
+              << raw.write_gbs << " GB/s\n";
+  }
+
+  Run run = BENCH_VALUE(Train(t, o.warmup, o.steps));
+  const double tps = run.median.tokens / run.median.seconds;
+  const double mfu = run.info.peak_flops > 0 ? run.info.flops_per_token * tps / run.info.peak_flops : 0;
+  std::cout << "plan:\n" << run.plan;
+  rep.Add(Report::WithRatio({{"figure", "tokens/s"}, {"unit", "tok/s"}, {"baseline_name",
+                                                                         "model FLOPs at the GEMM peak (ratio = MFU)"}},
+                            tps, run.info.peak_flops / std::max(run.info.flops_per_token, 1.0)));
+  rep.Add(Report::WithRatio({{"figure", "GEMM peak (same run)"}, {"unit", "TFLOP/s"}, {"baseline_name", "DESIGN.md H200 bf16 8192^3"}},
+                            run.info.peak_flops / 1e12, 779.0));
+  if (o.workload == "gpt-6.7b")
+    rep.Add(Report::WithRatio({{"figure", "MFU"}, {"unit", "%"}, {"baseline_name", "target"}}, 100 * mfu, 45.0));
+  if (resident) {
+    const double rtps = resident->median.tokens / resident->median.seconds;
+    rep.Add(Report::WithRatio({{"figure", "tokens/s vs all-resident"}, {"unit", "tok/s"},
+                               {"baseline_name", "same trainer, no GPU limit (target ratio >= 0.85)"}},
+                              tps, rtps));
+  }
+  if (dir) {
+    const double bound = run.median.nvme_read / (raw.read_gbs * 1e9) + run.median.nvme_write / (raw.write_gbs * 1e9);
+    rep.Add(Report::WithRatio({{"figure", "step time vs NVMe bound"}, {"unit", "s"},
+                               {"baseline_name", "NVMe bytes / raw io_uring GB/s (target ratio <= 1.15)"}},
+                              run.median.seconds, bound));
+    rep.Add(Report::WithRatio({{"figure", "raw io_uring read"}, {"unit", "GB/s"}, {"baseline_name", "-"}}, raw.read_gbs, 0));
+    rep.Add(Report::WithRatio({{"figure", "raw io_uring write"}, {"unit", "GB/s"}, {"baseline_name", "-"}}, raw.write_gbs, 0));
+  }
+  const StepReport& m = run.median;
+  rep.Add({{"figure", "step"}, {"value", m.seconds}, {"unit", "s"}});
+  rep.Add({{"figure", "forward / backward / optimizer / waiting"},
+           {"value", Fixed(m.forward_s) + " / " + Fixed(m.backward_s) + " / " + Fixed(m.optimizer_s) + " / " +
+                         Fixed(m.wait_s)},
+           {"unit", "s"}});
+  rep.Add({{"figure", "H2D / D2H per step"}, {"value", FormatBytes(m.h2d) + " / " + FormatBytes(m.d2h)}});
+  if (m.nvme_read || m.nvme_write)
+    rep.Add({{"figure", "NVMe read / write per step"},
+             {"value", FormatBytes(m.nvme_read) + " / " + FormatBytes(m.nvme_write)}});
+  rep.Add({{"figure", "GPU peak: tier / device (cudaMemGetInfo)"},
+           {"value", FormatBytes(run.info.gpu_tier_peak) + " / " + FormatBytes(run.info.device_in_use)},
+           {"baseline", t.gpu_memory_limit ? FormatBytes(t.gpu_memory_limit) : std::string("(no limit)")},
+           {"baseline_name", "--gpu-memory-limit"}});
+  rep.Note("medians of " + std::to_string(o.steps) + " steps after " + std::to_string(o.warmup) +
+           " warm-up; " + run.info.backend + "; peak " + run.info.peak_what);
+  rep.meta()["run"] = RunJson(run);
+  if (resident) rep.meta()["resident"] = RunJson(*resident);
+  rep.Print();
+  BENCH_CHECK_OK(rep.WriteJson(o.common.json_path));
+  return 0;
+}
+
+}  // namespace strata::bench

@@ -1,0 +1,26 @@
+// strata-bench train --workload NAME: the offload trainer (engine/trainer.h)
+// on a named workload, each figure beside its baseline measured in the same
+// run. See bench/train_offload.cc for the workloads and targets.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bench/bench.h"
+
+namespace strata::bench {
+
+struct OffloadBenchOptions {
+  CommonOptions common;
+  std::string workload;
+  std::string backend = "auto";
+  int steps = 4, warmup = 1;
+  std::string gpu_limit, host_limit;  // override the workload's
+  // Shape overrides (0: the workload's), for smoke runs on small machines.
+  int64_t layers = 0, d = 0, heads = 0, seq = 0, batch = 0, vocab = 0, accum = 0;
+};
+
+int RunOffloadWorkload(const OffloadBenchOptions& o);
+const char* OffloadWorkloadList();
+
+}  // namespace strata::bench
