@@ -68,7 +68,9 @@ struct StepReport {
   int64_t tokens = 0;
   double seconds = 0;          // wall time of the step, forward start to backward end
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
-  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;  // bytes this step
+  // Bytes moved since the last step (the previous step's optimizer update,
+  // which overlaps this step's forward, included; Evaluate's and Save's not).
+  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
   double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
 };
 
@@ -83,6 +85,13 @@ struct TrainerInfo {
   uint64_t gpu_overhead = 0;        // device memory outside the GPU tier, inside the limit
   uint64_t gpu_tier_peak = 0, host_tier_peak = 0;
   uint64_t device_in_use = 0;       // cudaMemGetInfo now: the whole process (0 without CUDA)
+  // The prefetcher (swap/prefetcher.h) so far: its window on the GPU, the
+  // moves it made, acquires it had to admit beyond the window or that found
+  // no free block big enough (the store then made room itself), and the
+  // GPU copies the store dropped in all (the prefetcher's evictions included).
+  uint64_t swap_window = 0;
+  uint64_t swap_prefetches = 0, swap_evictions = 0, swap_forced = 0, swap_fragmented = 0;
+  uint64_t gpu_evictions = 0;
 };
 
 class Trainer {
