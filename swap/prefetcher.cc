@@ -70,19 +70,22 @@ void Prefetcher::Extend() {
 }
 
 bool Prefetcher::ContiguousRoom(uint64_t bytes) {
-  // Prefetches in flight that have not allocated their copy yet may take
-  // their blocks from the largest free one.
-  uint64_t unallocated = 0;
-  for (const Inflight& f : inflight_) {
-    auto info = store_->Info(schedule_.tensors()[f.tensor].id);
-    if (info.ok() && !info->copies[static_cast<int>(schedule_.tier())].allocated) unallocated += f.bytes;
-  }
   const TierUsage u = tier_->usage();
   const uint64_t align = tier_->alignment();
   const uint64_t cap = u.budget / align * align;
   // Slabs not mapped yet can still hold a block of what is left.
   const uint64_t largest = std::max(u.largest_free, cap > u.reserved ? cap - u.reserved : 0);
-  return largest >= unallocated + bytes;
+  if (largest < bytes) return false;
+  if (largest >= inflight_bytes_ + bytes) return true;
+  // Prefetches in flight that have not allocated their copy yet may take
+  // their blocks from the largest free one (asked only when it matters).
+  uint64_t unallocated = 0;
+  for (const Inflight& f : inflight_) {
+    auto info = store_->Info(schedule_.tensors()[f.tensor].id);
+    if (info.ok() && !info->copies[static_cast<int>(schedule_.tier())].allocated) unallocated += f.bytes;
+    if (unallocated + bytes > largest) return false;
+  }
+  return true;
 }
 
 Status Prefetcher::Issue() {
@@ -123,6 +126,7 @@ Status Prefetcher::Issue() {
     }
     stats_.prefetches++;
     inflight_.push_back(Inflight{t, b, *r});
+    inflight_bytes_ += b;
   }
   return Status::OK();
 }
@@ -154,6 +158,7 @@ Status Prefetcher::PollPrefetches() {
     if (done.ok() && !*done) break;
     Inflight f = std::move(inflight_.front());
     inflight_.pop_front();
+    inflight_bytes_ -= f.bytes;
     RETURN_IF_ERROR(PrefetchDone(f, done.status()));
   }
   return Status::OK();
@@ -162,6 +167,7 @@ Status Prefetcher::PollPrefetches() {
 Status Prefetcher::WaitOldestPrefetch() {
   Inflight f = std::move(inflight_.front());
   inflight_.pop_front();
+  inflight_bytes_ -= f.bytes;
   return PrefetchDone(f, f.ticket.Wait());
 }
 

@@ -151,6 +151,7 @@ class Prefetcher {
   ScheduleWindow window_;
   std::deque<Pending> pending_;    // prefetches to issue, in schedule order
   std::deque<Inflight> inflight_;  // in the order issued
+  uint64_t inflight_bytes_ = 0;    // their sizes
   std::deque<Eviction> evicting_;  // in the order issued
   std::vector<bool> resident_;     // per tensor: a copy was made (prefetch or acquire) and not evicted
   uint64_t resident_bytes_ = 0;    // resident copies + evictions in flight
