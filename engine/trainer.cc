@@ -270,7 +270,7 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
 
 }  // namespace
 
-Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
+static Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
                       size_t block_scratch, size_t head_scratch, uint64_t gpu_budget, uint64_t host_budget,
                       PlanInputs* in) {
   const int64_t B = cfg.micro_batch, T = cfg.model.seq_len, C = g.n_embd;
