@@ -43,7 +43,7 @@ int Fail(const strata::Status& s) {
 }
 
 int Train(int argc, char** argv) {
-  std::string config_path, data, save, resume, gpu_limit, host_limit, log_json, backend = "auto";
+  std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
   bool dry_run = false;
@@ -56,6 +56,8 @@ int Train(int argc, char** argv) {
       "save", po::value(&save)->value_name("DIR"), "write checkpoints under DIR (at the end, and every --save-every)")(
       "save-every", po::value(&save_every)->value_name("N"), "steps between checkpoints")(
       "resume", po::value(&resume)->value_name("DIR"), "continue from a checkpoint (a step directory or a --save DIR)")(
+      "init-from", po::value(&init_from)->value_name("FILE"),
+      "start from Hugging Face GPT-2 weights (a model.safetensors, e.g. to fine-tune GPT-2)")(
       "gpu-memory-limit", po::value(&gpu_limit)->value_name("SIZE"),
       "GPU memory strata may use, e.g. 24GiB (default: what the card has free)")(
       "host-memory-limit", po::value(&host_limit)->value_name("SIZE"),
@@ -91,6 +93,9 @@ int Train(int argc, char** argv) {
   o.save_dir = save;
   o.save_every = save_every;
   o.resume_dir = resume;
+  o.init_from = init_from;
+  if (!resume.empty() && !init_from.empty())
+    return Fail(strata::InvalidArgument("--resume and --init-from exclude each other (a checkpoint has its own weights)"));
   o.log_json = log_json;
   o.backend = backend;
   o.cpu_threads = threads;

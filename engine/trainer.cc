@@ -232,6 +232,7 @@ struct Trainer::Impl {
   Status Setup();
   Status CreateTensors();
   Status InitModel();
+  Status InitFromHf();
   Status MeasurePeak();
 
   // ---- the step ----------------------------------------------------------------
@@ -290,7 +291,7 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
 
 }  // namespace
 
-Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
+static Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
                       size_t block_scratch, size_t head_scratch, uint64_t gpu_budget, uint64_t host_budget,
                       PlanInputs* in) {
   const int64_t B = cfg.micro_batch, T = cfg.model.seq_len, C = g.n_embd;
@@ -431,6 +432,9 @@ Status Trainer::Impl::Setup() {
     RETURN_IF_ERROR(scaler->Restore(ts.scaler));
     std::fill(updated.begin(), updated.end(), step);
     *log << "resumed from " << path << " at step " << step << "\n";
+  } else if (!opt.init_from.empty()) {
+    RETURN_IF_ERROR(InitFromHf());
+    *log << "initialized from " << opt.init_from << "\n";
   } else {
     RETURN_IF_ERROR(InitModel());
   }
@@ -583,6 +587,46 @@ Status Trainer::Impl::InitModel() {
   return first;
 }
 
+
+// Parameters from a safetensors file with Hugging Face GPT-2 names (with or
+// without the "transformer." prefix, after opt.init_prefix), any float dtype;
+// m = v = 0. wpe may have more rows than seq_len (the first are taken).
+Status Trainer::Impl::InitFromHf() {
+  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(opt.init_from));
+  const auto tensors = kernels::HfTensors(gcfg);
+  for (size_t si = 0; si < shards.size(); ++si) {
+    Shard& sh = shards[si];
+    std::vector<float> master(static_cast<size_t>(sh.numel), 0.f);
+    for (const auto& t : tensors) {
+      size_t ts = t.buffer == GptBuffer::kEmbedding ? 0
+                  : t.buffer == GptBuffer::kLnF    ? shards.size() - 1
+                                                   : static_cast<size_t>(t.layer) + 1;
+      if (ts != si) continue;
+      std::string name = opt.init_prefix + t.name;
+      const SafetensorsEntry* e = f.Find(name);
+      if (!e && t.name.rfind("transformer.", 0) == 0) {
+        name = opt.init_prefix + t.name.substr(12);
+        e = f.Find(name);
+      }
+      if (!e) return NotFound("tensor '" + opt.init_prefix + t.name + "' is not in " + opt.init_from);
+      const bool is_wpe = t.name == "transformer.wpe.weight";
+      bool shape_ok = e->shape.rank() == static_cast<int>(t.shape.size());
+      for (size_t d = 0; shape_ok && d < t.shape.size(); ++d)
+        shape_ok = is_wpe && d == 0 ? e->shape[0] >= t.shape[0] : e->shape[static_cast<int>(d)] == t.shape[d];
+      if (!shape_ok) {
+        std::string want = "[";
+        for (size_t d = 0; d < t.shape.size(); ++d) want += (d ? ", " : "") + std::to_string(t.shape[d]);
+        return InvalidArgument("tensor '" + name + "' in " + opt.init_from + " has shape " + e->shape.ToString() +
+                               ", the configured model needs " + want + "]" +
+                               (is_wpe ? " (at least seq_len rows)" : ""));
+      }
+      ASSIGN_OR_RETURN(std::vector<float> v, f.ReadF32(name));
+      std::copy(v.begin(), v.begin() + t.numel, master.begin() + t.offset);
+    }
+    RETURN_IF_ERROR(WriteShardState(sh, master.data(), nullptr, nullptr));
+  }
+  return Status::OK();
+}
 
 // ---- state I/O -------------------------------------------------------------------
 
@@ -1207,6 +1251,15 @@ TrainerInfo Trainer::Info() const {
 
 Result<StepReport> Trainer::Step() {
   Impl& I = *impl_;
+  const int64_t BT = I.B * I.T;
+  std::vector<int32_t> tokens(I.tok_host.size()), targets(I.tgt_host.size());
+  for (int64_t a = 0; a < I.A; ++a)
+    RETURN_IF_ERROR(I.data->NextTrain(tokens.data() + a * BT, targets.data() + a * BT));
+  return StepWith(tokens.data(), targets.data());
+}
+
+Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targets) {
+  Impl& I = *impl_;
   {
     std::lock_guard<std::mutex> lk(I.mu);
     RETURN_IF_ERROR(I.opt_error);
@@ -1215,14 +1268,24 @@ Result<StepReport> Trainer::Step() {
     return FailedPrecondition("a previous step of this trainer failed midway (at " +
                               I.prefetcher->schedule().EventString(I.prefetcher->tick()) +
                               "); create the trainer again (from the last checkpoint)");
-  const int64_t BT = I.B * I.T;
   StepReport r;
   double t0 = Now();
-  // Inputs for all micro-batches.
+  // Inputs for all micro-batches, checked: a token outside the vocabulary
+  // would index past the embedding.
+  const size_t n = I.tok_host.size();
+  const int32_t V = static_cast<int32_t>(I.gcfg.vocab_size);
   int64_t valid = 0;
-  for (int64_t a = 0; a < I.A; ++a)
-    RETURN_IF_ERROR(I.data->NextTrain(I.tok_host.data() + a * BT, I.tgt_host.data() + a * BT));
-  for (int32_t t : I.tgt_host) valid += t >= 0;
+  for (size_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= V)
+      return InvalidArgument("token " + std::to_string(tokens[i]) + " at position " + std::to_string(i) +
+                             " is outside the vocabulary [0, " + std::to_string(V) + ")");
+    if (targets[i] >= V)
+      return InvalidArgument("target " + std::to_string(targets[i]) + " at position " + std::to_string(i) +
+                             " is outside the vocabulary [0, " + std::to_string(V) + ") (negative targets are ignored)");
+    valid += targets[i] >= 0;
+  }
+  std::copy(tokens, tokens + n, I.tok_host.begin());
+  std::copy(targets, targets + n, I.tgt_host.begin());
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.tokens_dev.data(), I.tok_host.data(), I.tok_host.size() * 4));
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.targets_dev.data(), I.tgt_host.data(), I.tgt_host.size() * 4));
   RETURN_IF_ERROR(I.backend->Memset(I.stats_dev.data(), 0, 128));
@@ -1292,7 +1355,7 @@ Result<StepReport> Trainer::Step() {
   I.step = job.step;
 
   r.step = I.step;
-  r.tokens = I.A * BT;
+  r.tokens = I.A * I.B * I.T;
   r.seconds = t2 - t0;
   r.forward_s = t1 - t0;
   r.backward_s = t2 - t1;

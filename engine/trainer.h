@@ -49,6 +49,8 @@ struct TrainOptions {
   std::string save_dir;                // checkpoints written under it ("" = none)
   int64_t save_every = 0;              // steps between checkpoints (0: only at the end)
   std::string resume_dir;              // a checkpoint (or a --save dir: its latest)
+  std::string init_from;               // HF GPT-2 weights (safetensors) to start from
+  std::string init_prefix;             // prefix of the tensor names in init_from ("" for HF files)
   uint64_t gpu_memory_limit = 0;       // 0: the card's free memory (stand-in: 4 GiB)
   uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
   std::string backend = "auto";        // auto | cpu | cuda
@@ -109,7 +111,12 @@ class Trainer {
   const Plan& plan() const;
   std::string PlanTable() const;
 
+  // One optimizer step on the next batches of the data loader.
   Result<StepReport> Step();
+  // One optimizer step on the caller's batches: tokens and targets of all
+  // micro-batches, [grad_accum, micro_batch, seq_len] int32 each; a negative
+  // target is ignored. Tokens outside the vocabulary are InvalidArgument.
+  Result<StepReport> StepWith(const int32_t* tokens, const int32_t* targets);
   // Mean validation loss over `batches` validation batches.
   Result<double> Evaluate(int batches);
   // Writes a checkpoint of the current state into `dir` (atomically).
