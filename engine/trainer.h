@@ -68,7 +68,7 @@ struct StepReport {
   double grad_norm = 0;        // unscaled global L2 norm, before clipping
   bool skipped = false;        // fp16 overflow: no update
   int64_t tokens = 0;
-  double seconds = 0;          // wall time of the step, forward start to backward end
+  double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
   // Bytes moved since the last step (the previous step's optimizer update,
   // which overlaps this step's forward, included; Evaluate's and Save's not).
