@@ -20,7 +20,10 @@
 //
 // Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
 // checkpoints) lives in one TierStore with its home tier from the plan
-// (engine/planner.h). Scratch (the block's recompute space, the head's
+// (engine/planner.h). The step's GPU accesses follow one access schedule,
+// run by swap's Prefetcher: what comes next is prefetched within the GPU
+// room left, what is not needed soon is evicted, and a shard's parameters
+// are loaded only once its update is done. Scratch (the block's recompute space, the head's
 // logits chunk, the residual gradients, tokens) is carved from the store's
 // GPU tier, so the GPU budget covers everything the step touches.
 //

@@ -30,8 +30,11 @@
 // every refresh use does get new contents).
 //
 // Costs: O(1) amortized per call besides the store calls it makes (one
-// Acquire/Release, one SetNextUse, and the Prefetch/Evict calls of the tensors
-// entering or leaving the window); memory O(tensors + events).
+// Acquire/Release, one SetNextUse, the Prefetch/Evict calls of the tensors
+// entering or leaving the window, and, only when the tier's largest free
+// block may be short, one Info per prefetch in flight); memory O(tensors +
+// events). Measured (stand-in, 512 tensors all resident): about 50-70 ns per
+// acquire+release pair over the store's own 60 ns.
 //
 // Errors: a failed background move (a write-back, a prefetch) is sticky:
 // every later call returns it, so it surfaces at the next Acquire at the
