@@ -127,15 +127,19 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           const uint64_t passes = in.layer_major ? 1 : A;
           if (!p.params_resident) p.h2d += 2 * passes * L * layer_p;  // forward and backward
           if (ot != kG) {
-            // The optimizer reads every gradient once; with resident
-            // parameters every updated parameter goes back once (streamed ones
+            // The optimizer reads every gradient once; every updated parameter
+            // with a GPU home goes back once (all of them when resident; the
+            // embedding's and ln_f's when the blocks stream: streamed ones
             // come back through the uploads above).
             p.d2h += gt == kG ? grad_gpu_all : grad_host_all;
-            if (p.params_resident) p.h2d += param_all;
+            p.h2d += p.params_resident ? param_all : emb_p;
           }
+          // Host checkpoints go down in the forward and come back for the
+          // backward, but for the head's input (x_L, the last set: on the host
+          // only when none stays on the GPU), which the backward never reads.
           const uint64_t host_ck = crow.host;
           p.d2h += host_ck;
-          p.h2d += host_ck;
+          p.h2d += host_ck - (gpu_sets == 0 && ct == kH ? ck_set : 0);
           if (ot == kN) p.nvme_read += opt_all, p.nvme_write += opt_all;
           if (pt == kN) p.nvme_read += 2 * passes * L * layer_p, p.nvme_write += param_all;
           p.rows = {prow, grow, orow, crow, wrow};
@@ -187,8 +191,12 @@ std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
     os << "checkpoints: the last " << checkpoint_gpu_layers << " layers' on the GPU, the rest on the host\n";
   os << "prefetch depth: " << (params_resident ? std::string("- (parameters resident)") : std::to_string(prefetch_depth))
      << ", schedule: " << (layer_major ? "layer-major" : "micro-batch-major") << "\n";
-  os << "per step: H2D " << FormatBytes(h2d) << ", D2H " << FormatBytes(d2h) << ", NVMe read "
-     << FormatBytes(nvme_read) << ", NVMe write " << FormatBytes(nvme_write) << "\n";
+  if (swap_window > 0)
+    os << "swap window: " << FormatBytes(swap_window)
+       << " of GPU memory for streamed tensors (prefetched by the step's schedule)\n";
+  os << "per step" << (traffic_scheduled ? " (scheduled)" : "") << ": H2D " << FormatBytes(h2d) << ", D2H "
+     << FormatBytes(d2h) << ", NVMe read " << FormatBytes(nvme_read) << ", NVMe write " << FormatBytes(nvme_write)
+     << "\n";
   return os.str();
 }
 

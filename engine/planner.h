@@ -85,8 +85,14 @@ struct Plan {
   std::vector<Row> rows;
   uint64_t gpu_total = 0, host_total = 0, nvme_total = 0;
 
-  // Expected bytes per optimizer step over each link.
+  // Expected bytes per optimizer step over each link. MakePlan's figures
+  // are upper bounds from the sizes; the trainer replaces h2d/d2h with what
+  // its step's access schedule moves in the GPU room it really has
+  // (swap/prefetcher.h SimulateTraffic: blocks kept from the forward for the
+  // backward are not loaded twice) and sets traffic_scheduled.
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
+  bool traffic_scheduled = false;
+  uint64_t swap_window = 0;  // GPU bytes the prefetcher keeps streamed tensors in (0: not known yet)
 
   // The plan as a table (what `strata train --dry-run` prints).
   std::string Table(uint64_t gpu_budget, uint64_t host_budget) const;

@@ -1,6 +1,8 @@
 // The offload trainer. Read top to bottom it is the step:
 //   Create      backend, plan, store, tensors, init/resume          (setup)
 //   Step        Forward -> Head -> Backward -> StartOptimizer       (one step)
+//   Schedule    the step's GPU accesses, in order: the prefetcher (swap/) runs
+//               them, keeping what comes next resident within the GPU room
 //   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward)
 //   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
 #include "engine/trainer.h"
@@ -20,6 +22,7 @@
 #include <random>
 #include <sstream>
 #include <thread>
+#include <unordered_map>
 
 #include <nlohmann/json.hpp>
 #include <tbb/parallel_for.h>
@@ -36,6 +39,7 @@
 #include "optim/grad_clip.h"
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
+#include "swap/prefetcher.h"
 #include "tiers/bytes.h"
 #include "tiers/device.h"
 #include "tiers/half.h"
@@ -167,6 +171,19 @@ struct Trainer::Impl {
   uint64_t gpu_budget = 0, host_budget = 0;  // of the tiers
   uint64_t gpu_overhead = 0;  // device memory outside the GPU tier (context, libraries), counted in the limit
   std::unique_ptr<TierStore> store;
+  // Every GPU Acquire/Release of Forward, Head and Backward goes through the
+  // prefetcher, in the order of the step's schedule (BuildSchedule). Declared
+  // after the store: destroyed before it.
+  std::unique_ptr<Prefetcher> prefetcher;
+  std::unordered_map<uint64_t, size_t> param_shard;  // params TensorId -> shard index
+  int64_t prefetch_step0 = 0;                        // optimizer steps taken when its cycle 0 began
+  // Link counters at the end of the last step, and bytes moved since by
+  // Evaluate/Save (not the step's): each step reports what moved since the
+  // last, the optimizer's update (which overlaps the next forward) included.
+  struct LinkBytes {
+    uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
+  };
+  LinkBytes last_bytes, excluded_bytes;
   std::unique_ptr<optim::CpuAdam> adam;
   std::optional<optim::LossScaler> scaler;
   std::optional<optim::LrSchedule> schedule;
@@ -221,7 +238,11 @@ struct Trainer::Impl {
   // ---- the step ----------------------------------------------------------------
   Status WaitShard(size_t s, double* wait_s);
   Status WaitAllUpdated();
-  void PrefetchParams(const std::vector<size_t>& next);
+  Status BuildSchedule(AccessSchedule* s) const;
+  Status StartPrefetcher();
+  LinkBytes Bytes() const;
+  template <class F>
+  Status Aside(F&& f);
   Status Forward(double* wait_s);
   Status Head(double dloss);
   Status Backward(double* wait_s);
@@ -353,11 +374,16 @@ Status Trainer::Impl::Setup() {
   TierStoreOptions so;
   so.gpu = true;
   so.gpu_tier.budget_bytes = gpu_budget;
+  // One slab: streamed blocks of a few hundred MiB would otherwise leave
+  // unusable ends in each 512 MiB slab.
+  so.gpu_tier.slab_bytes = 0;
   so.gpu_tier.stand_in = !cuda;
   so.host_tier.budget_bytes = host_budget;
   so.host_tier.pin = cfg.zero.offload_optimizer.pin_memory && cfg.zero.offload_param.pin_memory;
   so.copy.stand_in = !cuda;
-  so.eviction = EvictionPolicy::kLru;
+  // The prefetcher hints each copy's next use: should the store ever have to
+  // make room itself, it drops the copy needed farthest ahead.
+  so.eviction = EvictionPolicy::kNextUse;
   if (plan.optimizer == TierKind::kNvme || plan.params == TierKind::kNvme) {
     NvmeOptions no;
     std::string dir = !cfg.zero.offload_optimizer.nvme_path.empty() ? cfg.zero.offload_optimizer.nvme_path
@@ -412,6 +438,8 @@ Status Trainer::Impl::Setup() {
   } else {
     RETURN_IF_ERROR(InitModel());
   }
+  RETURN_IF_ERROR(StartPrefetcher());
+  last_bytes = Bytes();
   opt_thread = std::thread([this] { OptimizerLoop(); });
   return Status::OK();
 }
@@ -687,58 +715,156 @@ Status Trainer::Impl::WaitAllUpdated() {
   return opt_error;
 }
 
-// Starts uploads of the parameters of shards `next` whose update is done.
-void Trainer::Impl::PrefetchParams(const std::vector<size_t>& next) {
-  std::vector<size_t> ready;
-  {
-    std::lock_guard<std::mutex> lk(mu);
-    for (size_t s : next)
-      if (s < shards.size() && updated[s] >= step) ready.push_back(s);
+// ---- the schedule: the step's GPU accesses, run by the prefetcher ------------------------
+
+// The GPU Acquire/Release calls of Forward, Head and Backward, in the order
+// they make them (keep them in step: the prefetcher refuses a call that does
+// not follow this). The first use of each shard's parameters in a step is a
+// refresh: the optimizer has written new ones since the last step.
+Status Trainer::Impl::BuildSchedule(AccessSchedule* s) const {
+  const Shard& emb = shards.front();
+  const Shard& lnf = shards.back();
+  const bool f32 = grad_dtype == DType::kF32;
+  auto x = [&](int64_t l, int64_t a) { return ck[static_cast<size_t>(l)][static_cast<size_t>(a)]; };
+  // Forward.
+  s->Acquire(emb.p, Access::kRead, /*refresh=*/true);
+  for (int64_t a = 0; a < A; ++a) {
+    s->Acquire(x(0, a), Access::kWriteDiscard);
+    s->Release(x(0, a));
   }
-  // A failed prefetch surfaces at the Acquire that needs it.
-  for (size_t s : ready) (void)store->Prefetch(shards[s].p, TierKind::kGpu);
+  s->Release(emb.p);
+  for (int64_t l = 0; l < L; ++l) {
+    const Shard& sh = shards[static_cast<size_t>(l) + 1];
+    s->Acquire(sh.p, Access::kRead, /*refresh=*/true);
+    for (int64_t a = 0; a < A; ++a) {
+      s->Acquire(x(l, a), Access::kRead);
+      s->Acquire(x(l + 1, a), Access::kWriteDiscard);
+      s->Release(x(l, a));
+      s->Release(x(l + 1, a));
+    }
+    s->Release(sh.p);
+  }
+  // Head.
+  s->Acquire(emb.p, Access::kRead);
+  s->Acquire(lnf.p, Access::kRead, /*refresh=*/true);
+  if (f32) {
+    s->Acquire(emb.g, Access::kWriteDiscard);
+    s->Acquire(lnf.g, Access::kWriteDiscard);
+  }
+  for (int64_t a = 0; a < A; ++a) {
+    s->Acquire(x(L, a), Access::kRead);
+    s->Release(x(L, a));
+  }
+  s->Release(lnf.p);
+  s->Release(emb.p);
+  if (!f32) s->Acquire(lnf.g, Access::kWriteDiscard);
+  s->Release(lnf.g);
+  // Backward.
+  for (int64_t l = L - 1; l >= 0; --l) {
+    const Shard& sh = shards[static_cast<size_t>(l) + 1];
+    s->Acquire(sh.p, Access::kRead);
+    if (f32) s->Acquire(sh.g, Access::kWriteDiscard);
+    for (int64_t a = 0; a < A; ++a) {
+      s->Acquire(x(l, a), Access::kRead);
+      s->Release(x(l, a));
+    }
+    if (!f32) s->Acquire(sh.g, Access::kWriteDiscard);
+    s->Release(sh.g);
+    s->Release(sh.p);
+  }
+  // The embedding's gradient.
+  if (!f32) s->Acquire(emb.g, Access::kWriteDiscard);
+  s->Release(emb.g);
+  RETURN_IF_ERROR(s->DescribeFrom(*store));
+  return s->Finish();
+}
+
+// The prefetcher gets the GPU tier's free room once homes and scratch are
+// in, less one copy of the largest streamed tensor: the tier's allocator does
+// not compact, and that slack keeps its free room from coming in pieces too
+// small for the next copy. The plan's per-step traffic becomes what the
+// schedule moves in that room.
+Status Trainer::Impl::StartPrefetcher() {
+  AccessSchedule s(TierKind::kGpu);
+  RETURN_IF_ERROR(BuildSchedule(&s));
+  for (size_t i = 0; i < shards.size(); ++i) param_shard[shards[i].p.value] = i;
+  GpuTier* gt = store->gpu_tier();
+  const TierUsage u = gt->usage();
+  const uint64_t align = gt->alignment();
+  const uint64_t cap = u.budget / align * align;
+  uint64_t largest = 0;
+  for (uint32_t t = 0; t < s.tensors().size(); ++t)
+    if (s.managed(t)) largest = std::max(largest, AlignUp(std::max<uint64_t>(s.tensors()[t].bytes, 1), align));
+  const uint64_t free = cap > u.used ? cap - u.used : 0;
+  const uint64_t budget = free > largest ? free - largest : 0;
+  ASSIGN_OR_RETURN(std::vector<ScheduleTraffic> traffic, SimulateTraffic(s, budget, align, 3));
+  // The optimizer's own PCIe traffic: gradients with a GPU home come down to
+  // a host optimizer, and parameters with a GPU home go back up.
+  uint64_t opt_h2d = 0, opt_d2h = 0;
+  for (const Shard& sh : shards) {
+    if (sh.opt_home == TierKind::kGpu) continue;
+    if (sh.p_home == TierKind::kGpu) opt_h2d += static_cast<uint64_t>(sh.numel) * DTypeSize(dtype);
+    if (sh.g_home == TierKind::kGpu) opt_d2h += static_cast<uint64_t>(sh.numel) * DTypeSize(grad_dtype);
+  }
+  plan.h2d = traffic.back().load_bytes + opt_h2d;
+  plan.d2h = traffic.back().writeback_bytes + opt_d2h;
+  plan.traffic_scheduled = true;
+  plan.swap_window = budget;
+
+  PrefetcherOptions po;
+  po.budget_bytes = budget;
+  // A shard's parameters are loaded for step `cycle` only once the optimizer
+  // has written them (exactness: never a stale weight, never a wasted load).
+  po.ready = [this](TensorId id, uint64_t cycle) {
+    auto it = param_shard.find(id.value);
+    if (it == param_shard.end()) return true;
+    std::lock_guard<std::mutex> lk(mu);
+    return updated[it->second] >= prefetch_step0 + static_cast<int64_t>(cycle);
+  };
+  prefetch_step0 = step;
+  ASSIGN_OR_RETURN(prefetcher, Prefetcher::Create(store.get(), std::move(s), std::move(po)));
+  return Status::OK();
+}
+
+Trainer::Impl::LinkBytes Trainer::Impl::Bytes() const {
+  // Every host<->GPU byte goes through the copy engine (the store's moves and
+  // the optimizer's staging copies alike).
+  TierStoreStats st = store->stats();
+  return LinkBytes{st.copy.h2d.bytes, st.copy.d2h.bytes, st.nvme_to_host.bytes, st.host_to_nvme.bytes};
 }
 
 Status Trainer::Impl::Forward(double* wait_s) {
   const int64_t BT = B * T;
   Shard& emb = shards.front();
-  Shard& lnf = shards.back();
+  Prefetcher& pf = *prefetcher;
   RETURN_IF_ERROR(WaitShard(0, wait_s));
-  ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
   for (int64_t a = 0; a < A; ++a) {
     TensorId x0 = ck[0][static_cast<size_t>(a)];
-    ASSIGN_OR_RETURN(TensorView x, store->Acquire(x0, TierKind::kGpu, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(TensorView x, pf.Acquire(x0, Access::kWriteDiscard));
     RETURN_IF_ERROR(layers->EmbeddingForward(e.data, tokens_dev.as<int32_t>() + a * BT, x.data));
-    RETURN_IF_ERROR(store->Release(x0, TierKind::kGpu, true, stream()));
+    RETURN_IF_ERROR(pf.Release(x0, true, stream()));
   }
-  RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
-  (void)lnf;
-  const int depth = std::max(plan.prefetch_depth, 1);
+  RETURN_IF_ERROR(pf.Release(emb.p, false, stream()));
   for (int64_t l = 0; l < L; ++l) {
     size_t si = static_cast<size_t>(l) + 1;
-    std::vector<size_t> next;
-    for (int d = 1; d <= depth; ++d) next.push_back(si + static_cast<size_t>(d));
     RETURN_IF_ERROR(WaitShard(si, wait_s));
-    PrefetchParams(next);
     Shard& sh = shards[si];
     double t0 = Now();
-    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
     if (wait_s) *wait_s += Now() - t0;
     for (int64_t a = 0; a < A; ++a) {
       TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
       TensorId out = ck[static_cast<size_t>(l + 1)][static_cast<size_t>(a)];
-      ASSIGN_OR_RETURN(TensorView xi, store->Acquire(in, TierKind::kGpu, Access::kRead));
-      ASSIGN_OR_RETURN(TensorView xo, store->Acquire(out, TierKind::kGpu, Access::kWriteDiscard));
+      ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
+      ASSIGN_OR_RETURN(TensorView xo, pf.Acquire(out, Access::kWriteDiscard));
       RETURN_IF_ERROR(layers->BlockForward(p.data, xi.data, xo.data, block_scratch.data(), block_scratch.bytes()));
-      RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
-      RETURN_IF_ERROR(store->Release(out, TierKind::kGpu, true, stream()));
-      // The checkpoint x_l is complete: write it home (the host) and free the GPU.
-      if (ck_home[static_cast<size_t>(l)] != TierKind::kGpu)
-        RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+      // A host checkpoint leaves for the host once the window has no room
+      // for it until the backward (the prefetcher decides).
+      RETURN_IF_ERROR(pf.Release(in, false, stream()));
+      RETURN_IF_ERROR(pf.Release(out, true, stream()));
     }
-    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
-    if (sh.p_home != TierKind::kGpu && !plan.params_resident)
-      RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
+    RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
   }
   return Status::OK();
 }
@@ -747,17 +873,18 @@ Status Trainer::Impl::Head(double dloss) {
   const int64_t BT = B * T;
   Shard& emb = shards.front();
   Shard& lnf = shards.back();
+  Prefetcher& pf = *prefetcher;
   RETURN_IF_ERROR(WaitShard(shards.size() - 1, nullptr));
-  ASSIGN_OR_RETURN(TensorView e, store->Acquire(emb.p, TierKind::kGpu, Access::kRead));
-  ASSIGN_OR_RETURN(TensorView f, store->Acquire(lnf.p, TierKind::kGpu, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView f, pf.Acquire(lnf.p, Access::kRead));
   // Gradient accumulators: the store's GPU copies themselves in fp32 mode,
   // else fp32 scratch rounded into them at the end.
   void* eacc = emb_acc.data();
   void* facc = lnf_acc.data();
   TensorView fg;
   if (grad_dtype == DType::kF32) {
-    ASSIGN_OR_RETURN(emb_grad_view, store->Acquire(emb.g, TierKind::kGpu, Access::kWriteDiscard));
-    ASSIGN_OR_RETURN(fg, store->Acquire(lnf.g, TierKind::kGpu, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(emb_grad_view, pf.Acquire(emb.g, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(fg, pf.Acquire(lnf.g, Access::kWriteDiscard));
     eacc = emb_grad_view.data;
     facc = fg.data;
   }
@@ -766,7 +893,7 @@ Status Trainer::Impl::Head(double dloss) {
   RETURN_IF_ERROR(backend->Memset(facc, 0, static_cast<size_t>(lnf.numel) * 4));
   for (int64_t a = 0; a < A; ++a) {
     TensorId xl = ck[static_cast<size_t>(L)][static_cast<size_t>(a)];
-    ASSIGN_OR_RETURN(TensorView x, store->Acquire(xl, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView x, pf.Acquire(xl, Access::kRead));
     GptLayers::HeadArgs h;
     h.lnf_params = f.data;
     h.emb_params = e.data;
@@ -782,11 +909,10 @@ Status Trainer::Impl::Head(double dloss) {
     h.scratch = head_scratch.data();
     h.scratch_bytes = head_scratch.bytes();
     RETURN_IF_ERROR(layers->HeadForwardBackward(h));
-    RETURN_IF_ERROR(store->Release(xl, TierKind::kGpu, false, stream()));
-    if (ck_home[static_cast<size_t>(L)] != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(xl, TierKind::kGpu).status());
+    RETURN_IF_ERROR(pf.Release(xl, false, stream()));
   }
-  RETURN_IF_ERROR(store->Release(lnf.p, TierKind::kGpu, false, stream()));
-  RETURN_IF_ERROR(store->Release(emb.p, TierKind::kGpu, false, stream()));
+  RETURN_IF_ERROR(pf.Release(lnf.p, false, stream()));
+  RETURN_IF_ERROR(pf.Release(emb.p, false, stream()));
   // ln_f's gradients are complete; the embedding's get the token scatter at
   // the end of Backward().
   RETURN_IF_ERROR(FinishGrad(lnf, facc, fg.data));
@@ -795,57 +921,46 @@ Status Trainer::Impl::Head(double dloss) {
 
 // The gradient of shard `sh` is complete in the fp32 accumulator `acc`: take
 // its statistics, round it into the store's copy (`acquired`: the GPU view
-// already pinned in fp32 mode, else null) and send it home.
+// already pinned in fp32 mode, else null) and release it: a gradient with a
+// host home leaves for it at once (its next use overwrites the GPU copy).
 Status Trainer::Impl::FinishGrad(Shard& sh, void* acc, void* acquired) {
   float* sumsq = stats_dev.as<float>();
   int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
   RETURN_IF_ERROR(backend->GradStats(acc, DType::kF32, sh.numel, sumsq, nonfinite));
   if (!acquired) {
-    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(TensorView g, prefetcher->Acquire(sh.g, Access::kWriteDiscard));
     RETURN_IF_ERROR(backend->Cast(g.data, grad_dtype, acc, DType::kF32, sh.numel));
   }
-  RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, true, stream()));
-  if (sh.g_home != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(sh.g, TierKind::kGpu).status());
-  return Status::OK();
+  return prefetcher->Release(sh.g, true, stream());
 }
 
 Status Trainer::Impl::Backward(double* wait_s) {
   const int64_t BT = B * T;
-  const int depth = std::max(plan.prefetch_depth, 1);
+  Prefetcher& pf = *prefetcher;
   for (int64_t l = L - 1; l >= 0; --l) {
     size_t si = static_cast<size_t>(l) + 1;
     Shard& sh = shards[si];
-    std::vector<size_t> next;
-    for (int d = 1; d <= depth && static_cast<int64_t>(si) - d >= 1; ++d) next.push_back(si - static_cast<size_t>(d));
-    PrefetchParams(next);
-    // Checkpoints of the next layer down come back while this one computes.
-    if (l > 0 && ck_home[static_cast<size_t>(l - 1)] != TierKind::kGpu)
-      for (int64_t a = 0; a < A; ++a)
-        (void)store->Prefetch(ck[static_cast<size_t>(l - 1)][static_cast<size_t>(a)], TierKind::kGpu);
     double t0 = Now();
-    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kRead));
+    ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
     void* acc = block_acc.data();
     void* acquired = nullptr;
     if (grad_dtype == DType::kF32) {
-      ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kWriteDiscard));
+      ASSIGN_OR_RETURN(TensorView g, pf.Acquire(sh.g, Access::kWriteDiscard));
       acc = acquired = g.data;
     }
     if (wait_s) *wait_s += Now() - t0;
     for (int64_t a = 0; a < A; ++a) {
       TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
       t0 = Now();
-      ASSIGN_OR_RETURN(TensorView xi, store->Acquire(in, TierKind::kGpu, Access::kRead));
+      ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
       if (wait_s) *wait_s += Now() - t0;
       void* d = dx[static_cast<size_t>(a)].data();
       RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, acc, DType::kF32, a > 0, block_scratch.data(),
                                             block_scratch.bytes()));
-      RETURN_IF_ERROR(store->Release(in, TierKind::kGpu, false, stream()));
-      if (ck_home[static_cast<size_t>(l)] != TierKind::kGpu) RETURN_IF_ERROR(store->Evict(in, TierKind::kGpu).status());
+      RETURN_IF_ERROR(pf.Release(in, false, stream()));
     }
     RETURN_IF_ERROR(FinishGrad(sh, acc, acquired));
-    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, false, stream()));
-    if (sh.p_home != TierKind::kGpu && !plan.params_resident)
-      RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kGpu).status());
+    RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
   }
   // Embedding backward: d wte += by token (the head wrote its part), d wpe.
   Shard& emb = shards.front();
@@ -1120,6 +1235,13 @@ TrainerInfo Trainer::Info() const {
   TierStoreStats st = I.store->stats();
   t.gpu_tier_peak = st.tiers[0].usage.peak_used;
   t.host_tier_peak = st.tiers[1].usage.peak_used;
+  PrefetcherStats ps = I.prefetcher->stats();
+  t.swap_window = I.prefetcher->budget();
+  t.swap_prefetches = ps.prefetches;
+  t.swap_evictions = ps.evictions;
+  t.swap_forced = ps.forced;
+  t.swap_fragmented = ps.fragmented;
+  t.gpu_evictions = st.tiers[0].evictions;
   if (I.cuda()) {
     auto info = QueryGpu(0);
     if (info.ok()) t.device_in_use = info->total_bytes - info->free_bytes;
@@ -1142,8 +1264,11 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
     std::lock_guard<std::mutex> lk(I.mu);
     RETURN_IF_ERROR(I.opt_error);
   }
+  if (!I.prefetcher->at_cycle_start())
+    return FailedPrecondition("a previous step of this trainer failed midway (at " +
+                              I.prefetcher->schedule().EventString(I.prefetcher->tick()) +
+                              "); create the trainer again (from the last checkpoint)");
   StepReport r;
-  TierStoreStats before = I.store->stats();
   double t0 = Now();
   // Inputs for all micro-batches, checked: a token outside the vocabulary
   // would index past the embedding.
@@ -1164,6 +1289,7 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.tokens_dev.data(), I.tok_host.data(), I.tok_host.size() * 4));
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.targets_dev.data(), I.tgt_host.data(), I.tgt_host.size() * 4));
   RETURN_IF_ERROR(I.backend->Memset(I.stats_dev.data(), 0, 128));
+  RETURN_IF_ERROR(I.prefetcher->Poll());  // parameters updated meanwhile start up
   const double scale = I.scaler->scale();
 
   double wait = 0;
@@ -1173,7 +1299,11 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   RETURN_IF_ERROR(I.Head(scale / static_cast<double>(std::max<int64_t>(valid, 1))));
   RETURN_IF_ERROR(I.Backward(&wait));
   RETURN_IF_ERROR(I.backend->Synchronize());
+  // The gradients' write-backs: the optimizer needs them first thing, and the
+  // step's bytes are all counted before it starts.
+  RETURN_IF_ERROR(I.prefetcher->WaitEvictions());
   double t2 = Now();
+  const Impl::LinkBytes moved = I.Bytes();
 
   // Loss and gradient statistics.
   RETURN_IF_ERROR(I.backend->CopyToHost(I.loss_host.data(), I.losses_dev.data(), I.loss_host.size() * 4));
@@ -1234,30 +1364,50 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
     std::lock_guard<std::mutex> lk(I.mu);
     r.optimizer_s = I.opt_seconds;  // the previous step's update (it overlaps this forward)
   }
-  TierStoreStats after = I.store->stats();
-  // Every host<->GPU byte goes through the copy engine (the store's moves
-  // and the optimizer's staging copies alike).
-  r.h2d = after.copy.h2d.bytes - before.copy.h2d.bytes;
-  r.d2h = after.copy.d2h.bytes - before.copy.d2h.bytes;
-  r.nvme_read = after.nvme_to_host.bytes - before.nvme_to_host.bytes;
-  r.nvme_write = after.host_to_nvme.bytes - before.host_to_nvme.bytes;
+  // What moved since the last step, less what Evaluate/Save moved: this
+  // step's transfers and the previous step's update (which overlapped this
+  // forward). NVMe write-behind still running now counts in the next step.
+  Impl::LinkBytes& last = I.last_bytes;
+  Impl::LinkBytes& ex = I.excluded_bytes;
+  r.h2d = moved.h2d - last.h2d - ex.h2d;
+  r.d2h = moved.d2h - last.d2h - ex.d2h;
+  r.nvme_read = moved.nvme_read - last.nvme_read - ex.nvme_read;
+  r.nvme_write = moved.nvme_write - last.nvme_write - ex.nvme_write;
+  last = moved;
+  ex = Impl::LinkBytes{};
   double flops = ModelFlopsPerToken(I.gcfg, I.T) * static_cast<double>(r.tokens);
   r.tflops = flops / std::max(r.seconds, 1e-9) / 1e12;
   r.mfu = I.peak_flops > 0 ? flops / std::max(r.seconds, 1e-9) / I.peak_flops : 0;
   return r;
 }
 
+// Runs `f` (after the optimizer is done) and keeps what it moves out of the
+// next step's report.
+template <class F>
+Status Trainer::Impl::Aside(F&& f) {
+  RETURN_IF_ERROR(WaitAllUpdated());
+  const LinkBytes b = Bytes();
+  Status s = f();
+  const LinkBytes a = Bytes();
+  excluded_bytes.h2d += a.h2d - b.h2d;
+  excluded_bytes.d2h += a.d2h - b.d2h;
+  excluded_bytes.nvme_read += a.nvme_read - b.nvme_read;
+  excluded_bytes.nvme_write += a.nvme_write - b.nvme_write;
+  return s;
+}
+
 Result<double> Trainer::Evaluate(int batches) {
   double loss = 0;
-  RETURN_IF_ERROR(impl_->ForwardEval(batches, &loss));
+  RETURN_IF_ERROR(impl_->Aside([&] { return impl_->ForwardEval(batches, &loss); }));
   return loss;
 }
 
 Status Trainer::Save(const std::string& dir) {
   Impl& I = *impl_;
-  RETURN_IF_ERROR(I.WaitAllUpdated());
-  nlohmann::json cfg_json = ConfigToJson(I.cfg);
-  return SaveCheckpoint(dir, I.gcfg, I.CheckpointShards(), I.CurrentState(), cfg_json, &std::cerr);
+  return I.Aside([&] {
+    nlohmann::json cfg_json = ConfigToJson(I.cfg);
+    return SaveCheckpoint(dir, I.gcfg, I.CheckpointShards(), I.CurrentState(), cfg_json, &std::cerr);
+  });
 }
 
 Result<std::vector<float>> Trainer::Parameter(const std::string& hf_name) {

@@ -20,7 +20,10 @@
 //
 // Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
 // checkpoints) lives in one TierStore with its home tier from the plan
-// (engine/planner.h). Scratch (the block's recompute space, the head's
+// (engine/planner.h). The step's GPU accesses follow one access schedule,
+// run by swap's Prefetcher: what comes next is prefetched within the GPU
+// room left, what is not needed soon is evicted, and a shard's parameters
+// are loaded only once its update is done. Scratch (the block's recompute space, the head's
 // logits chunk, the residual gradients, tokens) is carved from the store's
 // GPU tier, so the GPU budget covers everything the step touches.
 //
@@ -68,9 +71,11 @@ struct StepReport {
   double grad_norm = 0;        // unscaled global L2 norm, before clipping
   bool skipped = false;        // fp16 overflow: no update
   int64_t tokens = 0;
-  double seconds = 0;          // wall time of the step, forward start to backward end
+  double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
-  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;  // bytes this step
+  // Bytes moved since the last step (the previous step's optimizer update,
+  // which overlaps this step's forward, included; Evaluate's and Save's not).
+  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
   double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
 };
 
@@ -85,6 +90,13 @@ struct TrainerInfo {
   uint64_t gpu_overhead = 0;        // device memory outside the GPU tier, inside the limit
   uint64_t gpu_tier_peak = 0, host_tier_peak = 0;
   uint64_t device_in_use = 0;       // cudaMemGetInfo now: the whole process (0 without CUDA)
+  // The prefetcher (swap/prefetcher.h) so far: its window on the GPU, the
+  // moves it made, acquires it had to admit beyond the window or that found
+  // no free block big enough (the store then made room itself), and the
+  // GPU copies the store dropped in all (the prefetcher's evictions included).
+  uint64_t swap_window = 0;
+  uint64_t swap_prefetches = 0, swap_evictions = 0, swap_forced = 0, swap_fragmented = 0;
+  uint64_t gpu_evictions = 0;
 };
 
 class Trainer {
