@@ -93,7 +93,7 @@ class PrefetcherTest : public ::testing::Test {
 TEST_F(PrefetcherTest, KeepsExactlyTheNextUsesWithinTheBudget) {
   Open(3 * kSlot);  // the tier holds the window and nothing more
   std::vector<TensorId> t;
-  for (int i = 0; i < 6; ++i) t.push_back(Make("t" + std::to_string(i)));
+  for (int i = 0; i < 6; ++i) t.push_back(Make(std::string("t").append(std::to_string(i))));
   AccessSchedule s = InOrder(t);
   ASSERT_OK(s.DescribeFrom(*store));
   ASSERT_OK(s.Finish());
@@ -310,13 +310,13 @@ TEST_P(PrefetcherTraffic, MovesExactlyWhatTheSimulationSays) {
   std::vector<TensorId> p, g;
   std::vector<std::vector<TensorId>> x(static_cast<size_t>(m.L + 1));
   for (int l = 0; l < m.L; ++l) {
-    p.push_back(Make("p" + std::to_string(l), m.param));
-    g.push_back(Make("g" + std::to_string(l), m.grad));
+    p.push_back(Make(std::string("p").append(std::to_string(l)), m.param));
+    g.push_back(Make(std::string("g").append(std::to_string(l)), m.grad));
   }
   for (int l = 0; l <= m.L; ++l)
     for (int a = 0; a < m.A; ++a) {
       TierKind home = l > m.L - m.gpu_checkpoints ? kGpu : kHost;
-      auto id = store->Create("x" + std::to_string(l) + "." + std::to_string(a), DType::kU8,
+      auto id = store->Create(std::string("x").append(std::to_string(l)).append(".").append(std::to_string(a)), DType::kU8,
                               Shape{static_cast<int64_t>(m.act)}, home);
       ASSERT_OK(id.status());
       x[static_cast<size_t>(l)].push_back(*id);
