@@ -57,9 +57,9 @@ Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
 // Reads the checkpoint at `dir` (a step directory, or a save directory whose
 // `latest` names one) into the shards and `state`. A model whose shape
 // differs, a missing or truncated file, a tensor of the wrong shape or dtype:
-// each is an error naming the file and the tensor, and nothing is written
-// into the shards before every check passed... except that the shards are
-// written one by one after validation of both files as a whole.
+// each is an error naming the file and the tensor. Both files are validated
+// whole before the first shard is written; only a failure of a shard's own
+// write (the store) can stop the load part-way.
 Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
                       const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path);
 

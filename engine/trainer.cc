@@ -291,7 +291,7 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
 
 }  // namespace
 
-static Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const GptConfig& g, DType dtype,
+static Status MakePlanInputs(const Config& cfg, const GptConfig& g, DType dtype,
                       size_t block_scratch, size_t head_scratch, uint64_t gpu_budget, uint64_t host_budget,
                       PlanInputs* in) {
   const int64_t B = cfg.micro_batch, T = cfg.model.seq_len, C = g.n_embd;
@@ -316,7 +316,6 @@ static Status MakePlanInputs(const TrainOptions& o, const Config& cfg, const Gpt
   in->offload_optimizer = zo.offload_optimizer.device;
   in->cpu_checkpointing = cfg.activation_checkpointing.cpu_checkpointing;
   in->optimizer_chunk_params = std::max<uint64_t>(in->layer_params, 1);
-  (void)o;
   return Status::OK();
 }
 
@@ -366,7 +365,7 @@ Status Trainer::Impl::Setup() {
   }
   host_budget = opt.host_memory_limit ? opt.host_memory_limit : HostAvailableBytes() / 10 * 8;
 
-  RETURN_IF_ERROR(MakePlanInputs(opt, cfg, gcfg, dtype, block_scratch_bytes, head_scratch_bytes, gpu_budget,
+  RETURN_IF_ERROR(MakePlanInputs(cfg, gcfg, dtype, block_scratch_bytes, head_scratch_bytes, gpu_budget,
                                  host_budget, &plan_in));
   ASSIGN_OR_RETURN(plan, MakePlan(plan_in));
 
@@ -1205,7 +1204,7 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   }
   uint64_t host = options.host_memory_limit ? options.host_memory_limit : HostAvailableBytes() / 10 * 8;
   PlanInputs in;
-  RETURN_IF_ERROR(MakePlanInputs(options, cfg, g, dtype, block, head, gpu, host, &in));
+  RETURN_IF_ERROR(MakePlanInputs(cfg, g, dtype, block, head, gpu, host, &in));
   ASSIGN_OR_RETURN(Plan p, MakePlan(in));
   std::ostringstream os;
   os << "model: " << g.n_layer << " layers, d " << g.n_embd << ", " << g.n_head << " heads, vocab " << g.vocab_size
@@ -1252,10 +1251,10 @@ TrainerInfo Trainer::Info() const {
 Result<StepReport> Trainer::Step() {
   Impl& I = *impl_;
   const int64_t BT = I.B * I.T;
-  std::vector<int32_t> tokens(I.tok_host.size()), targets(I.tgt_host.size());
+  // Straight into the step's host buffers (StepWith does not copy them onto themselves).
   for (int64_t a = 0; a < I.A; ++a)
-    RETURN_IF_ERROR(I.data->NextTrain(tokens.data() + a * BT, targets.data() + a * BT));
-  return StepWith(tokens.data(), targets.data());
+    RETURN_IF_ERROR(I.data->NextTrain(I.tok_host.data() + a * BT, I.tgt_host.data() + a * BT));
+  return StepWith(I.tok_host.data(), I.tgt_host.data());
 }
 
 Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targets) {
@@ -1284,8 +1283,8 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
                              " is outside the vocabulary [0, " + std::to_string(V) + ") (negative targets are ignored)");
     valid += targets[i] >= 0;
   }
-  std::copy(tokens, tokens + n, I.tok_host.begin());
-  std::copy(targets, targets + n, I.tgt_host.begin());
+  if (tokens != I.tok_host.data()) std::copy(tokens, tokens + n, I.tok_host.begin());
+  if (targets != I.tgt_host.data()) std::copy(targets, targets + n, I.tgt_host.begin());
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.tokens_dev.data(), I.tok_host.data(), I.tok_host.size() * 4));
   RETURN_IF_ERROR(I.backend->CopyToDevice(I.targets_dev.data(), I.tgt_host.data(), I.tgt_host.size() * 4));
   RETURN_IF_ERROR(I.backend->Memset(I.stats_dev.data(), 0, 128));
