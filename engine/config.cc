@@ -494,6 +494,7 @@ Status ParseTrainer(Obj o, TrainerConfig* c) {
   RETURN_IF_ERROR(o.Int("seed", &c->seed, 0, 1.8e19));
   RETURN_IF_ERROR(o.Int("eval_interval", &c->eval_interval, 0, kBig));
   RETURN_IF_ERROR(o.Int("eval_batches", &c->eval_batches, 1, 1e6));
+  RETURN_IF_ERROR(o.Choice("gpu_assisted_optimizer", &c->gpu_assisted_optimizer, {"auto", "on", "off"}));
   return o.Finish({});
 }
 
@@ -739,7 +740,8 @@ nlohmann::json ConfigToJson(const Config& c) {
        {{"steps", c.trainer.steps},
         {"seed", c.trainer.seed},
         {"eval_interval", c.trainer.eval_interval},
-        {"eval_batches", c.trainer.eval_batches}}},
+        {"eval_batches", c.trainer.eval_batches},
+        {"gpu_assisted_optimizer", c.trainer.gpu_assisted_optimizer}}},
   };
   if (!sched.empty()) j["scheduler"] = sched;
   return j;

@@ -111,6 +111,12 @@ struct TrainerConfig {
   uint64_t seed = 1234;
   int64_t eval_interval = 0;      // steps between validation losses; 0 = only at the end
   int eval_batches = 4;
+  // Host-state optimizer shards updated on the GPU with their master/m/v
+  // streamed over PCIe (beside the CPU Adam, which takes the other shards):
+  // "auto" = when training on a GPU with the optimizer state in host memory
+  // and resident parameters; "on" = also on the CPU backend's stand-in
+  // (tests); "off". The results are the same bits either way.
+  std::string gpu_assisted_optimizer = "auto";
 };
 
 struct Config {

@@ -41,6 +41,7 @@
 #include "optim/lr_schedule.h"
 #include "swap/prefetcher.h"
 #include "tiers/bytes.h"
+#include "tiers/copy_engine.h"
 #include "tiers/device.h"
 #include "tiers/half.h"
 #include "tiers/tier_store.h"
@@ -204,8 +205,25 @@ struct Trainer::Impl {
   TensorView emb_grad_view;  // f32 mode: emb.g pinned on the GPU from Head to the end of Backward
   std::vector<TierBlock> dx;                // [A] residual-stream gradients [B,T,C]
   size_t block_scratch_bytes = 0, head_scratch_bytes = 0;
-  // Host staging (pinned, from the host tier) for GPU-home grads/params with a host optimizer.
-  TierBlock grad_staging, param_staging;
+  // Host staging (pinned, from the host tier) for GPU-home grads/params with
+  // a host optimizer. Parameters have two slots: the CPU Adam writes the next
+  // shard's into one while the other uploads. The CPU worker's alone.
+  TierBlock grad_staging, param_staging[2];
+  CopyTicket param_upload[2];
+  int param_slot = 0;
+
+  // GPU-assisted optimizer (TrainerConfig::gpu_assisted_optimizer): a second
+  // worker updates host-state shards on the GPU, streaming master/m/v (and a
+  // host gradient) through three chunk buffers: up on the H2D copy stream,
+  // the fused Adam and the way down on the D2H stream. The assist worker's alone.
+  bool assist = false;
+  uint64_t assist_chunk = 0;  // parameters per chunk
+  struct AssistSlot {
+    TierBlock buf;                  // master, m, v (f32) and the gradient, assist_chunk each
+    std::vector<CopyTicket> down;   // the copies back of the chunk in it
+  };
+  AssistSlot assist_slots[3];
+  int assist_next = 0;
 
   std::vector<int32_t> tok_host, tgt_host;  // [A][B*T]
   std::vector<float> loss_host;
@@ -219,10 +237,19 @@ struct Trainer::Impl {
     double grad_multiplier = 1;
     optim::AdamHyper hyper;
   };
-  std::thread opt_thread;
+  // The optimizer's workers (the CPU Adam, and the GPU-assisted one when on)
+  // claim the job's shards in forward order, one at a time.
+  std::thread opt_thread, assist_thread;
   std::mutex mu;
   std::condition_variable cv;
-  std::optional<OptJob> job;          // GUARDED_BY(mu)
+  std::optional<OptJob> job;          // GUARDED_BY(mu): reset when every worker is done with it
+  int64_t job_seq = 0;                // GUARDED_BY(mu): jobs posted
+  size_t next_shard = 0;              // GUARDED_BY(mu): the next shard to claim
+  int job_workers = 0;                // GUARDED_BY(mu): workers still on the job
+  double job_t0 = 0;                  // GUARDED_BY(mu)
+  uint64_t assist_params = 0, job_params = 0;  // GUARDED_BY(mu): updated on the GPU / in all, this job
+  double assist_share = 0;            // GUARDED_BY(mu): of the last job
+  std::vector<CopyTicket> uploads;    // GUARDED_BY(mu): per shard, the upload of its new parameters
   bool stop = false;                  // GUARDED_BY(mu)
   std::vector<int64_t> updated;       // GUARDED_BY(mu): optimizer steps applied per shard
   Status opt_error;                   // GUARDED_BY(mu): sticky
@@ -247,8 +274,10 @@ struct Trainer::Impl {
   Status Head(double dloss);
   Status Backward(double* wait_s);
   Status FinishGrad(Shard& sh, void* acc, void* acquired);
-  void OptimizerLoop();
+  void OptimizerLoop(bool gpu_worker);
   Status UpdateShard(Shard& sh, const OptJob& j);
+  Status AssistShard(Shard& sh, const OptJob& j);
+  Status SetUpAssist();
   Status ForwardEval(int64_t batches, double* loss);
 
   // ---- state I/O (init, checkpoints, tests) -------------------------------------
@@ -421,7 +450,9 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(data, DataLoader::Open(cfg.data, opt.default_data, static_cast<int>(gcfg.vocab_size),
                                           static_cast<int>(B), static_cast<int>(T)));
   RETURN_IF_ERROR(CreateTensors());
+  RETURN_IF_ERROR(SetUpAssist());
   updated.assign(shards.size(), 0);  // re-set after a resume
+  uploads.assign(shards.size(), CopyTicket{});
   if (!opt.resume_dir.empty()) {
     TrainState ts;
     std::string path;
@@ -439,7 +470,47 @@ Status Trainer::Impl::Setup() {
   }
   RETURN_IF_ERROR(StartPrefetcher());
   last_bytes = Bytes();
-  opt_thread = std::thread([this] { OptimizerLoop(); });
+  opt_thread = std::thread([this] { OptimizerLoop(false); });
+  if (assist) assist_thread = std::thread([this] { OptimizerLoop(true); });
+  return Status::OK();
+}
+
+// Decides whether the GPU-assisted optimizer runs and allocates its chunk
+// buffers. It needs every shard's state on the host and its parameters in
+// GPU memory (so one kind of worker never touches the other's staging), and
+// room in the GPU tier beyond what the step's swap window needs.
+Status Trainer::Impl::SetUpAssist() {
+  const std::string& mode = cfg.trainer.gpu_assisted_optimizer;
+  if (mode == "off" || (mode == "auto" && !cuda())) return Status::OK();
+  for (const Shard& sh : shards)
+    if (sh.opt_home != TierKind::kHost || sh.p_home != TierKind::kGpu) {
+      if (mode == "on")
+        *log << "gpu-assisted optimizer: off (it needs the optimizer state on the host and the parameters "
+                "resident on the GPU)\n";
+      return Status::OK();
+    }
+  GpuTier* gt = store->gpu_tier();
+  int64_t max_numel = 0;
+  for (const Shard& sh : shards) max_numel = std::max(max_numel, sh.numel);
+  // 4 Mi parameters a chunk: about a millisecond of PCIe each way, small
+  // next to a shard (tens of chunks), large next to a copy's fixed cost.
+  assist_chunk = std::min<uint64_t>(4ull << 20, static_cast<uint64_t>(max_numel));
+  if (opt.assist_chunk_params) assist_chunk = std::min<uint64_t>(opt.assist_chunk_params, assist_chunk);
+  const uint64_t per = assist_chunk * (12 + DTypeSize(grad_dtype));
+  const TierUsage u = gt->usage();
+  // Keep the swap window at least one streamed tensor wide (StartPrefetcher).
+  const uint64_t largest = AlignUp(static_cast<uint64_t>(B * T * C) * DTypeSize(dtype), gt->alignment());
+  const uint64_t need = 3 * AlignUp(per, gt->alignment()) + largest;
+  if (u.budget < u.used + need) {
+    *log << "gpu-assisted optimizer: off (" << FormatBytes(3 * per) << " of chunk buffers do not fit in the GPU budget)\n";
+    return Status::OK();
+  }
+  for (AssistSlot& sl : assist_slots) {
+    ASSIGN_OR_RETURN(sl.buf, gt->Allocate(per, "gpu-assisted optimizer chunk"));
+  }
+  assist = true;
+  *log << "optimizer: CPU Adam and GPU-assisted streaming (master/m/v through 3 chunks of "
+       << assist_chunk << " parameters, " << FormatBytes(3 * per) << " of GPU memory), shards claimed in forward order\n";
   return Status::OK();
 }
 
@@ -555,8 +626,9 @@ Status Trainer::Impl::CreateTensors() {
       ASSIGN_OR_RETURN(grad_staging,
                        ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(grad_dtype), "gradient staging"));
     }
-    ASSIGN_OR_RETURN(param_staging,
-                     ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(dtype), "parameter staging"));
+    for (TierBlock& b : param_staging) {
+      ASSIGN_OR_RETURN(b, ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(dtype), "parameter staging"));
+    }
   }
   tok_host.resize(static_cast<size_t>(A * B * T));
   tgt_host.resize(static_cast<size_t>(A * B * T));
@@ -694,12 +766,19 @@ TrainState Trainer::Impl::CurrentState() const {
 // ---- the step --------------------------------------------------------------------
 
 Status Trainer::Impl::WaitShard(size_t s, double* wait_s) {
-  std::unique_lock<std::mutex> lk(mu);
-  if (updated[s] >= step && opt_error.ok()) return Status::OK();
-  double t0 = Now();
-  cv.wait(lk, [&] { return updated[s] >= step || !opt_error.ok(); });
-  if (wait_s) *wait_s += Now() - t0;
-  return opt_error;
+  CopyTicket up;
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    if (updated[s] < step || !opt_error.ok()) {
+      double t0 = Now();
+      cv.wait(lk, [&] { return updated[s] >= step || !opt_error.ok(); });
+      if (wait_s) *wait_s += Now() - t0;
+    }
+    RETURN_IF_ERROR(opt_error);
+    up = uploads[s];
+  }
+  // The compute stream waits (on the GPU) for the new parameters' upload.
+  return cuda() ? up.StreamWait(stream()) : up.Wait();
 }
 
 Status Trainer::Impl::WaitAllUpdated() {
@@ -711,7 +790,11 @@ Status Trainer::Impl::WaitAllUpdated() {
       if (u < step) return false;
     return true;
   });
-  return opt_error;
+  RETURN_IF_ERROR(opt_error);
+  std::vector<CopyTicket> ups = uploads;
+  lk.unlock();
+  for (const CopyTicket& t : ups) RETURN_IF_ERROR(t.Wait());
+  return Status::OK();
 }
 
 // ---- the schedule: the step's GPU accesses, run by the prefetcher ------------------------
@@ -974,39 +1057,61 @@ Status Trainer::Impl::Backward(double* wait_s) {
 
 // ---- the optimizer (its own thread) ---------------------------------------------------
 
-void Trainer::Impl::OptimizerLoop() {
+void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
+  int64_t seen = 0;
   for (;;) {
     OptJob j;
     {
       std::unique_lock<std::mutex> lk(mu);
-      cv.wait(lk, [&] { return stop || job.has_value(); });
-      if (stop && !job) return;
+      cv.wait(lk, [&] { return stop || (job.has_value() && job_seq > seen); });
+      if (!(job.has_value() && job_seq > seen)) return;  // stopping, nothing posted
       j = *job;
+      seen = job_seq;
     }
-    double t0 = Now();
-    Status st;
     // NVMe state is pipelined (DeepSpeed pipeline_read / pipeline_write):
     // shard s+1 is read while shard s updates, and shard s-1 is written back
     // meanwhile (UpdateShard's evictions return at once; without
-    // pipeline_write they are waited for before the next shard).
+    // pipeline_write they are waited for before the next shard). NVMe state
+    // has no GPU-assisted worker, so the CPU worker claims every shard in order.
     const auto& oo = cfg.zero.offload_optimizer;
     const bool nvme_state = !shards.empty() && shards[0].opt_home == TierKind::kNvme;
     auto read_ahead = [&](size_t s) {
       if (!nvme_state || j.skip || s >= shards.size()) return;
       for (TensorId id : {shards[s].w, shards[s].m, shards[s].v}) (void)store->Prefetch(id, TierKind::kHost);
     };
-    if (oo.pipeline_read) read_ahead(0);
-    for (size_t s = 0; s < shards.size(); ++s) {
-      if (oo.pipeline_read) read_ahead(s + 1);
-      if (!j.skip && st.ok()) st = UpdateShard(shards[s], j).WithContext("optimizer step of " + shards[s].name);
+    for (;;) {
+      size_t s;
+      bool ok;
+      if (!gpu_worker && assist && opt.assist_takes_all) break;
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        if (next_shard >= shards.size()) break;
+        s = next_shard++;
+        ok = opt_error.ok();
+      }
+      if (!gpu_worker && oo.pipeline_read) {
+        if (s == 0) read_ahead(0);
+        read_ahead(s + 1);
+      }
+      Status st;
+      if (!j.skip && ok) {
+        st = gpu_worker ? AssistShard(shards[s], j) : UpdateShard(shards[s], j);
+        st = st.WithContext(std::string("optimizer step of ") + shards[s].name +
+                            (gpu_worker ? " (gpu-assisted)" : ""));
+      }
       std::lock_guard<std::mutex> lk(mu);
       if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
       updated[s] = j.step;
+      job_params += static_cast<uint64_t>(shards[s].numel);
+      if (gpu_worker) assist_params += static_cast<uint64_t>(shards[s].numel);
       cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu);
-    opt_seconds = Now() - t0;
-    job.reset();
+    if (--job_workers == 0) {
+      opt_seconds = Now() - job_t0;
+      assist_share = job_params ? static_cast<double>(assist_params) / static_cast<double>(job_params) : 0;
+      job.reset();
+    }
     cv.notify_all();
   }
 }
@@ -1072,7 +1177,9 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kHost, Access::kWriteDiscard));
     pout = p.data;
   } else {
-    pout = param_staging.data();
+    // The slot's previous upload (two shards ago) has landed.
+    RETURN_IF_ERROR(param_upload[param_slot].Wait());
+    pout = param_staging[param_slot].data();
   }
   optim::AdamShard a;
   a.n = n;
@@ -1100,17 +1207,121 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     }
   }
   if (!p_on_host) {
-    // Upload the new parameters into their GPU home.
+    // Upload the new parameters into their GPU home, without waiting: the
+    // next shard's update runs meanwhile, the forward's stream waits for the
+    // upload on the GPU (WaitShard), and the store orders any later use of
+    // the memory after it (Release on the copy stream).
+    CopyEngine* ce = store->copy_engine();
     ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
-    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->HostToDevice(p.data, param_staging.data(),
-                                                                      n * DTypeSize(dtype), {}, HostMemory::kPinned));
-    Status cs = t.Wait();
-    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, cs.ok()));
+    auto t = ce->HostToDevice(p.data, pout, n * DTypeSize(dtype), {}, HostMemory::kPinned);
+    Status cs = t.status();
+    void* cstream = cuda() ? ce->stream(CopyDirection::kHostToDevice) : nullptr;
+    if (cs.ok() && !cuda()) cs = t->Wait();  // the stand-in has no stream to order on
+    RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, cs.ok(), cs.ok() ? cstream : nullptr));
     RETURN_IF_ERROR(cs);
+    param_upload[param_slot] = *t;
+    param_slot ^= 1;
+    std::lock_guard<std::mutex> lk(mu);
+    uploads[static_cast<size_t>(&sh - shards.data())] = *t;
   } else if (sh.p_home == TierKind::kNvme) {
     RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
   }
   return Status::OK();
+}
+
+// The GPU-assisted update of a shard whose optimizer state lives on the host
+// and whose parameters live on the GPU: chunk by chunk, master/m/v (and a
+// host-resident gradient) go up on the H2D copy stream, the fused Adam runs on
+// the D2H copy stream once they have landed and writes the new parameters in
+// place, and master/m/v come back on the same stream after it. Three chunk
+// buffers rotate (one going up, one updating, one coming down). The result
+// is the CPU Adam's, bit for bit (optim/gpu_adam.h), so which worker takes a
+// shard changes nothing but the time. In the stand-in the same pipeline runs
+// with the CPU Adam on the stand-in's memory.
+Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
+  const uint64_t n = static_cast<uint64_t>(sh.numel);
+  CopyEngine* ce = store->copy_engine();
+  void* s = cuda() ? ce->stream(CopyDirection::kDeviceToHost) : nullptr;
+  const uint64_t gs = DTypeSize(grad_dtype), ps = DTypeSize(dtype);
+  const bool host_grad = sh.g_home != TierKind::kGpu;
+  const TierKind gtier = host_grad ? TierKind::kHost : TierKind::kGpu;
+  ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, gtier, Access::kRead));
+  auto w = store->Acquire(sh.w, TierKind::kHost, Access::kReadWrite);
+  auto m = w.ok() ? store->Acquire(sh.m, TierKind::kHost, Access::kReadWrite) : Result<TensorView>(w.status());
+  auto v = m.ok() ? store->Acquire(sh.v, TierKind::kHost, Access::kReadWrite) : Result<TensorView>(m.status());
+  auto p = v.ok() ? store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard) : Result<TensorView>(v.status());
+  Status st = p.status();
+  auto hptr = [](const Result<TensorView>& r, uint64_t off, uint64_t size) {
+    return static_cast<char*>(r->data) + off * size;
+  };
+  for (uint64_t off = 0; off < n && st.ok(); off += assist_chunk) {
+    const uint64_t c = std::min(assist_chunk, n - off);
+    AssistSlot& sl = assist_slots[assist_next];
+    assist_next = (assist_next + 1) % 3;
+    for (const CopyTicket& t : sl.down)
+      if (st.ok()) st = t.Wait();  // the buffer's last chunk is home
+    sl.down.clear();
+    if (!st.ok()) break;
+    float* dw = static_cast<float*>(sl.buf.data());
+    float* dm = dw + assist_chunk;
+    float* dv = dm + assist_chunk;
+    char* dg = reinterpret_cast<char*>(dv + assist_chunk);
+    std::vector<CopyTicket> up;
+    auto h2d = [&](void* dst, const void* src, uint64_t bytes) {
+      if (!st.ok()) return;
+      auto t = ce->HostToDevice(dst, src, bytes, {}, HostMemory::kPinned);
+      if (t.ok()) up.push_back(*t);
+      else st = t.status();
+    };
+    h2d(dw, hptr(w, off, 4), c * 4);
+    h2d(dm, hptr(m, off, 4), c * 4);
+    h2d(dv, hptr(v, off, 4), c * 4);
+    if (host_grad) h2d(dg, static_cast<const char*>(g.data) + off * gs, c * gs);
+    optim::AdamShard a;
+    a.n = c;
+    a.master = dw;
+    a.exp_avg = dm;
+    a.exp_avg_sq = dv;
+    a.grad = host_grad ? static_cast<const void*>(dg) : static_cast<const char*>(g.data) + off * gs;
+    a.grad_dtype = grad_dtype;
+    a.param_out = static_cast<char*>(p->data) + off * ps;
+    a.param_out_dtype = dtype;
+    if (cuda()) {
+      for (const CopyTicket& t : up)
+        if (st.ok()) st = t.StreamWait(s);
+      if (st.ok()) st = optim::GpuAdamStep(a, j.hyper, j.grad_multiplier, s);
+    } else {
+      for (const CopyTicket& t : up)
+        if (st.ok()) st = t.Wait();
+      if (st.ok()) st = adam->Step(a, j.hyper, {j.grad_multiplier, false}).status();
+    }
+    CopyAfter after;
+    after.stream = s;
+    auto d2h = [&](void* dst, const void* src, uint64_t bytes) {
+      if (!st.ok()) return;
+      auto t = ce->DeviceToHost(dst, src, bytes, after, HostMemory::kPinned);
+      if (t.ok()) sl.down.push_back(*t);
+      else st = t.status();
+    };
+    d2h(hptr(w, off, 4), dw, c * 4);
+    d2h(hptr(m, off, 4), dm, c * 4);
+    d2h(hptr(v, off, 4), dv, c * 4);
+  }
+  // The shard's state is home (each download follows its chunk's update,
+  // so the parameters are written too) before anyone else may touch it.
+  for (AssistSlot& sl : assist_slots) {
+    for (const CopyTicket& t : sl.down) {
+      Status ws = t.Wait();
+      if (st.ok()) st = ws;
+    }
+    sl.down.clear();
+  }
+  (void)store->Release(sh.g, gtier, false, nullptr);
+  if (w.ok()) RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, st.ok()));
+  if (m.ok()) RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, st.ok()));
+  if (v.ok()) RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, st.ok()));
+  if (p.ok()) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, st.ok(), nullptr));
+  return st;
 }
 
 // ---- evaluation ----------------------------------------------------------------------
@@ -1170,14 +1381,13 @@ Status Trainer::Impl::ForwardEval(int64_t batches, double* mean) {
 Trainer::Trainer() : impl_(std::make_unique<Impl>()) {}
 
 Trainer::~Trainer() {
-  if (impl_->opt_thread.joinable()) {
-    {
-      std::lock_guard<std::mutex> lk(impl_->mu);
-      impl_->stop = true;
-      impl_->cv.notify_all();
-    }
-    impl_->opt_thread.join();
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    impl_->stop = true;
+    impl_->cv.notify_all();
   }
+  if (impl_->opt_thread.joinable()) impl_->opt_thread.join();
+  if (impl_->assist_thread.joinable()) impl_->assist_thread.join();
 }
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, std::ostream& log) {
@@ -1349,6 +1559,11 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   {
     std::lock_guard<std::mutex> lk(I.mu);
     I.job = job;
+    ++I.job_seq;
+    I.next_shard = 0;
+    I.job_workers = I.assist ? 2 : 1;
+    I.job_t0 = Now();
+    I.job_params = I.assist_params = 0;
     I.cv.notify_all();
   }
   I.step = job.step;
@@ -1362,6 +1577,7 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   {
     std::lock_guard<std::mutex> lk(I.mu);
     r.optimizer_s = I.opt_seconds;  // the previous step's update (it overlaps this forward)
+    r.optimizer_gpu_share = I.assist ? I.assist_share : 0;
   }
   // What moved since the last step, less what Evaluate/Save moved: this
   // step's transfers and the previous step's update (which overlapped this
@@ -1490,7 +1706,9 @@ Status Trainer::Run(std::ostream& out) {
            << " TFLOP/s | MFU " << Fixed(I.peak_flops > 0 ? 100 * flops / I.peak_flops : 0, 1) << "%";
       if (I.cfg.wall_clock_breakdown)
         line << " | fwd " << Fixed(agg.forward_s, 2) << "s bwd " << Fixed(agg.backward_s, 2) << "s opt "
-             << Fixed(agg.optimizer_s, 2) << "s wait " << Fixed(agg.wait_s, 2) << "s";
+             << Fixed(agg.optimizer_s, 2) << "s";
+      if (I.assist) line << " (" << Fixed(100 * r.optimizer_gpu_share, 0) << "% on the GPU)";
+      if (I.cfg.wall_clock_breakdown) line << " wait " << Fixed(agg.wait_s, 2) << "s";
       line << " | H2D " << FormatBytes(agg.h2d) << " D2H " << FormatBytes(agg.d2h);
       if (agg.nvme_read || agg.nvme_write)
         line << " NVMe r " << FormatBytes(agg.nvme_read) << " w " << FormatBytes(agg.nvme_write);
@@ -1506,6 +1724,7 @@ Status Trainer::Run(std::ostream& out) {
                             {"mfu", I.peak_flops > 0 ? flops / I.peak_flops : 0},
                             {"forward_s", agg.forward_s}, {"backward_s", agg.backward_s},
                             {"optimizer_s", agg.optimizer_s}, {"wait_s", agg.wait_s},
+                            {"optimizer_gpu_share", r.optimizer_gpu_share},
                             {"h2d_bytes", agg.h2d},    {"d2h_bytes", agg.d2h},
                             {"nvme_read_bytes", agg.nvme_read}, {"nvme_write_bytes", agg.nvme_write},
                             {"gpu_bytes", st.tiers[0].usage.used}, {"host_bytes", st.tiers[1].usage.used},

@@ -61,6 +61,8 @@ struct TrainOptions {
   bool progress = false;               // a progress line on a terminal
   int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
+  uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
+  bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one
 };
 
 struct StepReport {
@@ -73,6 +75,7 @@ struct StepReport {
   int64_t tokens = 0;
   double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
+  double optimizer_gpu_share = 0;  // of optimizer_s's parameters, the share the GPU-assisted worker updated
   // Bytes moved since the last step (the previous step's optimizer update,
   // which overlaps this step's forward, included; Evaluate's and Save's not).
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;

@@ -2,6 +2,8 @@
 // loss falls, offloaded placements give the same losses as the all-resident
 // run, resume is bit-identical, the GPU budget is never exceeded.
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "engine/trainer.h"
 #include "tests/test_util.h"
@@ -143,6 +145,55 @@ TEST(TrainerGpu, TheDeviceNeverHoldsMoreThanTheLimit) {
   for (int i = 0; i < 3; ++i) ASSERT_OK(t->Step().status());
   ASSERT_OK_AND_ASSIGN(GpuInfo info, QueryGpu(0));
   EXPECT_LE(info.total_bytes - info.free_bytes, o.gpu_memory_limit);
+}
+
+// The GPU-assisted optimizer (state streamed through the GPU, the fused Adam
+// there) gives the CPU Adam's bits: losses and parameters, with it taking
+// every shard or sharing them with the CPU worker, chunks small and ragged.
+TEST(TrainerGpu, GpuAssistedOptimizerGivesTheCpuAdamsBits) {
+  STRATA_SKIP_WITHOUT_GPU();
+  for (bool bf16 : {true, false}) {
+    TrainOptions cpu = TinyGpu(4, bf16);
+    cpu.config.zero.offload_optimizer.device = "cpu";
+    cpu.config.trainer.gpu_assisted_optimizer = "off";
+    const std::vector<std::string> names = {"transformer.wte.weight", "transformer.h.2.attn.c_attn.weight",
+                                            "transformer.ln_f.weight"};
+    std::vector<double> a;
+    std::vector<std::vector<float>> params;
+    {  // one trainer on the device at a time: each counts the other's memory against its limit
+      std::ostringstream log0;
+      ASSERT_OK_AND_ASSIGN(auto t0, Trainer::Create(cpu, log0));
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_OK_AND_ASSIGN(StepReport r, t0->Step());
+        a.push_back(r.loss);
+      }
+      for (const std::string& n : names) {
+        ASSERT_OK_AND_ASSIGN(std::vector<float> y, t0->Parameter(n));
+        params.push_back(y);
+      }
+    }
+    for (bool all : {true, false}) {
+      TrainOptions o = cpu;
+      o.config.trainer.gpu_assisted_optimizer = "auto";
+      o.assist_chunk_params = 100003;
+      o.assist_takes_all = all;
+      std::ostringstream log;
+      ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+      ASSERT_NE(log.str().find("GPU-assisted streaming"), std::string::npos) << log.str();
+      double share = 0;
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+        EXPECT_EQ(r.loss, a[static_cast<size_t>(i)]) << "step " << i + 1 << (bf16 ? " bf16" : " fp32")
+                                                      << (all ? " (all on the GPU)" : "");
+        share = r.optimizer_gpu_share;
+      }
+      if (all) EXPECT_EQ(share, 1.0);
+      for (size_t k = 0; k < names.size(); ++k) {
+        ASSERT_OK_AND_ASSIGN(std::vector<float> x, t->Parameter(names[k]));
+        EXPECT_EQ(x, params[k]) << names[k] << (bf16 ? " bf16" : " fp32");
+      }
+    }
+  }
 }
 
 }  // namespace

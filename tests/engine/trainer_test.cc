@@ -117,6 +117,65 @@ TEST(Trainer, OffloadedPlacementsGiveTheSameLossesInBf16) {
   EXPECT_LT(a.back(), a.front());
 }
 
+// The GPU-assisted optimizer (here on the stand-in: the same chunk pipeline,
+// the CPU Adam on the stand-in's memory) computes the same bits as the CPU
+// Adam alone, whether it takes every shard or shares them with the CPU worker.
+void ExpectAssistMatches(bool bf16) {
+  TrainOptions host = Tiny(4);
+  host.config.bf16 = bf16;
+  host.config.zero.offload_optimizer.device = "cpu";
+  host.config.trainer.gpu_assisted_optimizer = "off";
+  // bf16: a GPU budget that keeps the parameters but sends the gradients to
+  // the host, so the assist uploads them with the state.
+  if (bf16) host.gpu_memory_limit = 2100 * kKiB;
+  std::string plan;
+  auto a = Losses(host, 4, &plan);
+  if (bf16) EXPECT_THAT(plan, HasSubstr("bf16 on the host"));
+  for (bool all : {true, false}) {
+    TrainOptions o = host;
+    o.config.trainer.gpu_assisted_optimizer = "on";
+    o.assist_chunk_params = 1000;  // many chunks, a ragged last one, the three buffers reused
+    o.assist_takes_all = all;
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+    EXPECT_THAT(log.str(), HasSubstr("GPU-assisted streaming"));
+    std::vector<double> b;
+    double share = 0;
+    for (int i = 0; i < 4; ++i) {
+      ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+      b.push_back(r.loss);
+      share = r.optimizer_gpu_share;  // of the previous step's update
+    }
+    if (all) EXPECT_EQ(share, 1.0);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << (all ? " (all on the assist)" : "");
+    // The state after the last update, too.
+    ASSERT_OK(t->Evaluate(1).status());
+    auto t2 = Trainer::Create(host, log);
+    ASSERT_OK(t2.status());
+    for (int i = 0; i < 4; ++i) ASSERT_OK((*t2)->Step().status());
+    ASSERT_OK((*t2)->Evaluate(1).status());
+    for (const char* name : {"transformer.wte.weight", "transformer.h.1.mlp.c_fc.weight", "transformer.ln_f.bias"}) {
+      ASSERT_OK_AND_ASSIGN(std::vector<float> x, t->Parameter(name));
+      ASSERT_OK_AND_ASSIGN(std::vector<float> y, (*t2)->Parameter(name));
+      EXPECT_EQ(x, y) << name;
+    }
+  }
+}
+
+TEST(Trainer, GpuAssistedOptimizerGivesTheSameBits) { ExpectAssistMatches(false); }
+TEST(Trainer, GpuAssistedOptimizerGivesTheSameBitsInBf16) { ExpectAssistMatches(true); }
+
+TEST(Trainer, GpuAssistedOptimizerNeedsHostStateAndResidentParameters) {
+  TrainOptions o = Tiny(1);  // everything fits on the (stand-in) GPU: no host state
+  o.config.trainer.gpu_assisted_optimizer = "on";
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  EXPECT_THAT(log.str(), HasSubstr("gpu-assisted optimizer: off"));
+  ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+  EXPECT_EQ(r.optimizer_gpu_share, 0.0);
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   TempDir dir;
   TrainOptions o = Tiny(6);
