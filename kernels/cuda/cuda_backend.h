@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -24,9 +25,49 @@ enum class AttentionImpl : uint8_t {
   kFlash,   // the fused kernels; InvalidArgument for a shape they do not cover
 };
 
+// Kernel variants of the flash path (kernels/cuda/flash_attention.cu), to be
+// measured against each other on the GPU. A variant is one forward kernel and
+// one backward scheme; every variant computes the same function and is
+// bitwise deterministic run to run (results differ between variants only by
+// rounding).
+enum class FlashFwdKernel : uint8_t {
+  kBc32,  // 4 warps x 32 query rows, K/V tiles of 32 keys at D = 128 (64 at D <= 64)
+  kBc64,  // 4 warps x 32 query rows, K/V tiles of 64 keys, exp2 of one FMA per score
+};
+enum class FlashBwdKernel : uint8_t {
+  kTwoPass,  // dK/dV pass (64 keys, 16 per warp) + dQ pass, both recompute P: 7 matmuls
+  kDsBuffer,  // dK/dV pass in FlashAttention-2's layout (8 warps, 128 keys, P and dS
+              // through shared memory) writing dS (bf16/f16) to the workspace, then
+              // dQ = dS K from it: 5 matmuls, workspace about B*H*T*T bytes
+};
+struct FlashVariant {
+  const char* name;
+  FlashFwdKernel fwd;
+  FlashBwdKernel bwd;
+  const char* summary;
+};
+// The first entry is the default.
+inline constexpr FlashVariant kFlashVariants[] = {
+    {"v1", FlashFwdKernel::kBc32, FlashBwdKernel::kTwoPass, "fwd Bc 32, bwd two passes (7 matmuls)"},
+    {"fwd64", FlashFwdKernel::kBc64, FlashBwdKernel::kTwoPass, "fwd Bc 64 + FMA exp2, bwd two passes"},
+    {"bwdds", FlashFwdKernel::kBc32, FlashBwdKernel::kDsBuffer, "fwd Bc 32, bwd FA2 dK/dV + dS buffer + dQ"},
+    {"v2", FlashFwdKernel::kBc64, FlashBwdKernel::kDsBuffer, "fwd Bc 64 + FMA exp2, bwd FA2 dK/dV + dS buffer + dQ"},
+};
+// The variant called `name`, or nullptr.
+inline const FlashVariant* FindFlashVariant(std::string_view name) {
+  for (const FlashVariant& v : kFlashVariants)
+    if (name == v.name) return &v;
+  return nullptr;
+}
+
 struct CudaBackendOptions {
   int device = 0;
   AttentionImpl attention = AttentionImpl::kAuto;
+  // One of kFlashVariants by name; empty: the environment variable
+  // STRATA_FLASH_VARIANT (read once, when the backend is made), else the
+  // default (kFlashVariants[0]). An unknown name is InvalidArgument from
+  // MakeCudaBackend.
+  std::string flash_variant;
   bool tf32 = false;           // f32 GEMMs in TF32: faster, about 1e-3 relative error
   bool gemm_epilogues = true;  // fuse bias/GELU into cuBLASLt where it supports them
 };
@@ -35,6 +76,13 @@ struct CudaBackendOptions {
 // the environment variable STRATA_ATTENTION=simple|flash|auto picks the
 // attention path (a switch for debugging without rebuilding).
 Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options);
+
+// Switches the flash kernels of a CUDA backend to the variant `name` (for
+// benchmarks and tests that compare variants on one backend). Call
+// AttentionWorkspaceBytes again afterwards: the workspace depends on the
+// variant. InvalidArgument for an unknown name (listing the known ones),
+// FailedPrecondition when `backend` is not a CUDA backend.
+Status SetFlashVariant(Backend* backend, std::string_view name);
 
 // ---- per-op timing (benchmarks) ------------------------------------------------
 // While on, each op of a CUDA backend is bracketed by two CUDA events on its

@@ -61,8 +61,16 @@ std::string GemmName(const GemmArgs& g) {
 class CudaBackend final : public Backend {
  public:
   static Result<std::unique_ptr<Backend>> Make(const CudaBackendOptions& opts) {
+    std::string variant = opts.flash_variant;
+    if (variant.empty())
+      if (const char* env = std::getenv("STRATA_FLASH_VARIANT")) variant = env;
+    const FlashVariant* flash = variant.empty() ? &kFlashVariants[0] : FindFlashVariant(variant);
+    if (!flash)
+      return InvalidArgument("flash attention variant '" + variant + "' (option or STRATA_FLASH_VARIANT): " +
+                             "expected one of " + FlashVariantList());
     ASSIGN_OR_RETURN(GpuInfo info, QueryGpu(opts.device));
     std::unique_ptr<CudaBackend> b(new CudaBackend(opts, info));
+    b->flash_ = flash;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(opts.device));
     CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&b->stream_, cudaStreamNonBlocking));
     cuda::GemmOptions go;
@@ -207,7 +215,7 @@ class CudaBackend final : public Backend {
 
   size_t AttentionWorkspaceBytes(const AttentionShape& s) const override {
     if (!CheckAttention("AttentionWorkspaceBytes", s).ok()) return 0;
-    return UseFlash(s) ? cuda::FlashAttentionWorkspaceBytes(s)
+    return UseFlash(s) ? cuda::FlashAttentionWorkspaceBytes(s, *flash_)
                        : cuda::SimpleAttentionWorkspaceBytes(s);
   }
 
@@ -223,8 +231,8 @@ class CudaBackend final : public Backend {
     const double flops = 2.0 * s.batch * s.heads * s.seq * s.seq * s.head_dim;  // causal: half of 4BHT^2D
     if (UseFlash(s)) {
       RETURN_IF_ERROR(CheckFlashAligned(op, {{"out", out}, {"qkv", qkv}}));
-      OpScope scope(this, "attention_fwd (flash)", flops);
-      return cuda::FlashAttentionForward(stream_, s, scale, out, lse, qkv);
+      OpScope scope(this, timing_ ? std::string("attention_fwd (flash ") + flash_->name + ")" : std::string(), flops);
+      return cuda::FlashAttentionForward(stream_, s, scale, out, lse, qkv, *flash_);
     }
     if (cuda::SimpleAttentionWorkspaceBytes(s) > 0) RETURN_IF_ERROR(CheckPtr(op, "workspace", workspace));
     OpScope scope(this, "attention_fwd (simple)", flops);
@@ -245,8 +253,9 @@ class CudaBackend final : public Backend {
     if (UseFlash(s)) {
       RETURN_IF_ERROR(CheckFlashAligned(op, {{"dqkv", dqkv}, {"dout", dout}, {"qkv", qkv}, {"out", out}}));
       RETURN_IF_ERROR(CheckPtr(op, "workspace", workspace));
-      OpScope scope(this, "attention_bwd (flash)", flops);
-      return cuda::FlashAttentionBackward(stream_, s, scale, dqkv, dout, qkv, out, lse, workspace);
+      OpScope scope(this, timing_ ? std::string("attention_bwd (flash ") + flash_->name + ")" : std::string(), flops);
+      return cuda::FlashAttentionBackward(stream_, s, scale, dqkv, dout, qkv, out, lse, workspace,
+                                          *flash_);
     }
     RETURN_IF_ERROR(CheckPtr(op, "workspace", workspace));
     OpScope scope(this, "attention_bwd (simple)", flops);
@@ -332,7 +341,20 @@ class CudaBackend final : public Backend {
     return cuda::GradStats(stream_, x, dtype, n, sumsq, nonfinite, scratch_, kScratchBytes);
   }
 
-  // ---- timing ---------------------------------------------------------------
+  // ---- flash variant and timing ----------------------------------------------
+  Status set_flash_variant(std::string_view name) {
+    const FlashVariant* v = FindFlashVariant(name);
+    if (!v)
+      return InvalidArgument("SetFlashVariant: unknown variant '" + std::string(name) +
+                             "': expected one of " + FlashVariantList());
+    flash_ = v;
+    return Status::OK();
+  }
+  static std::string FlashVariantList() {
+    std::string s;
+    for (const FlashVariant& v : kFlashVariants) s += (s.empty() ? "" : ", ") + std::string(v.name);
+    return s;
+  }
   void set_timing(bool on) { timing_ = on; }
   Result<std::vector<OpTiming>> TakeTimings() {
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -481,6 +503,7 @@ class CudaBackend final : public Backend {
   };
 
   CudaBackendOptions opts_;
+  const FlashVariant* flash_ = &kFlashVariants[0];  // never null
   int sms_ = 0, cc_major_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
@@ -510,6 +533,12 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(int device) {
       return InvalidArgument("STRATA_ATTENTION=" + v + ": expected simple, flash or auto");
   }
   return CudaBackend::Make(opts);
+}
+
+Status SetFlashVariant(Backend* backend, std::string_view name) {
+  auto* b = dynamic_cast<CudaBackend*>(backend);
+  if (!b) return FailedPrecondition("SetFlashVariant: not a CUDA backend");
+  return b->set_flash_variant(name);
 }
 
 Status SetOpTiming(Backend* backend, bool on) {

@@ -8,6 +8,10 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions&) {
   return Unavailable("strata was built without CUDA (nvcc was not found at configure time)");
 }
 
+Status SetFlashVariant(Backend*, std::string_view) {
+  return FailedPrecondition("flash attention variants need the CUDA backend; this build has no CUDA");
+}
+
 Status SetOpTiming(Backend*, bool) {
   return FailedPrecondition("per-op timing needs the CUDA backend; this build has no CUDA");
 }

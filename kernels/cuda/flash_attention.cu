@@ -57,10 +57,9 @@ struct RowBlock {
   static constexpr int kDqBc = 32;
 };
 
-template <typename T, int kD>
+template <typename T, int kD, int kBc>
 constexpr size_t FwdSmemBytes() {  // Q + 2 x (K, V)
-  return static_cast<size_t>((RowBlock<kD>::kBr + 4 * RowBlock<kD>::kFwdBc) * Tile<kD>::kStride) *
-         sizeof(T);
+  return static_cast<size_t>((RowBlock<kD>::kBr + 4 * kBc) * Tile<kD>::kStride) * sizeof(T);
 }
 template <typename T, int kD>
 constexpr size_t DkDvSmemBytes() {  // K, V + 2 x (Q, dO) + 2 x (lse, delta)
@@ -79,11 +78,11 @@ constexpr size_t DqSmemBytes() {  // Q, dO + 2 x (K, V)
 // Copies rows [row0, row0 + kRows) of a (T, row_stride) matrix, columns
 // [0, kD) from `g` into the shared tile `s` (kRows, kStride) with cp.async;
 // rows >= seq and columns >= D are zero-filled.
-template <typename T, int kD, int kRows>
+template <typename T, int kD, int kRows, int kNT = kThreads>
 __device__ __forceinline__ void LoadTile(T* s, const T* g, int row0, int seq, int D,
                                          int64_t row_stride) {
   constexpr int kChunks = Tile<kD>::kChunks;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kNT) {
     const int r = i / kChunks, c = i % kChunks;
     const bool valid = (row0 + r < seq) && (c * 8 < D);
     const T* src = valid ? g + static_cast<int64_t>(row0 + r) * row_stride + c * 8 : g;
@@ -94,11 +93,11 @@ __device__ __forceinline__ void LoadTile(T* s, const T* g, int row0, int seq, in
 // Writes rows [row0, row0 + kRows) (only those < seq) and columns [0, D) of
 // the shared tile `s` (kRows, kStride) to `g` (T, row_stride) with 16-byte
 // stores.
-template <typename T, int kD, int kRows>
+template <typename T, int kD, int kRows, int kNT = kThreads>
 __device__ __forceinline__ void StoreTile(T* g, const T* s, int row0, int seq, int D,
                                           int64_t row_stride) {
   constexpr int kChunks = Tile<kD>::kChunks;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kNT) {
     const int r = i / kChunks, c = i % kChunks;
     if (row0 + r < seq && c * 8 < D)
       *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
@@ -197,15 +196,96 @@ __device__ __forceinline__ void Zero(float (&acc)[kM][kN][4]) {
     for (int i = 0; i < kN; ++i) acc[mt][i][0] = acc[mt][i][1] = acc[mt][i][2] = acc[mt][i][3] = 0.f;
 }
 
+// ---- helpers with explicit strides (the dS backward) -----------------------
+
+// Stores a warp's kM x (16 x kN) fp32 tiles acc[kM][kN/8][4], times `mul`, as
+// T into the shared matrix `s` (row stride `stride` elements) at rows row0..,
+// columns col0...
+template <typename T, int kM, int kN>
+__device__ __forceinline__ void FragToSmem(T* s, int stride, int row0, int col0,
+                                           const float (&acc)[kM][kN / 8][4], float mul) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(s + (row0 + mt * 16 + g + h * 8) * stride + col0 + nt * 8 +
+                                     2 * t4) =
+            PackPair<T>(acc[mt][nt][2 * h] * mul, acc[mt][nt][2 * h + 1] * mul);
+}
+
+// acc[kM][kN/8][4] (rows m0.. of 16 kM, columns n0.. of kN) += A B over kK,
+// A stored as (m rows, k columns) at sA (stride sa), B as (k rows, n columns)
+// at sB (stride sb), both row-major in shared memory.
+template <typename T, int kM, int kN, int kK>
+__device__ __forceinline__ void MmaAB(float (&acc)[kM][kN / 8][4], const T* sA, int sa, int m0,
+                                      const T* sB, int sb, int n0) {
+  const int lane = threadIdx.x & 31;
+  const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    uint32_t a[kM][4];
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+      LdMatrixX4(a[mt], sA + (m0 + mt * 16 + (lane & 15)) * sa + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, sB + (ks * 16 + (mi & 1) * 8 + ri) * sb + n0 + np * 16 + (mi >> 1) * 8);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<T>(acc[mt][2 * np], a[mt], b[0], b[1]);
+        Mma16816<T>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// acc[kM][kN/8][4] (rows m0.. of 16 kM, columns n0.. of kN) += A^T B over kK,
+// A stored as (k rows, m columns) at sA (stride sa) — the transpose of the
+// operand, read with ldmatrix.trans — and B as (k rows, n columns) at sB.
+template <typename T, int kM, int kN, int kK>
+__device__ __forceinline__ void MmaAtB(float (&acc)[kM][kN / 8][4], const T* sA, int sa, int m0,
+                                       const T* sB, int sb, int n0) {
+  const int lane = threadIdx.x & 31;
+  const int mi = lane >> 3, ri = lane & 7;
+#pragma unroll
+  for (int ks = 0; ks < kK / 16; ++ks) {
+    uint32_t a[kM][4];
+    // Matrix mi of the A fragment: m rows (mi & 1) * 8.., k columns (mi >> 1) * 8..;
+    // stored transposed, so its 8 stored rows are k, its columns m.
+#pragma unroll
+    for (int mt = 0; mt < kM; ++mt)
+      LdMatrixX4Trans(a[mt], sA + (ks * 16 + (mi >> 1) * 8 + ri) * sa + m0 + mt * 16 + (mi & 1) * 8);
+#pragma unroll
+    for (int np = 0; np < kN / 16; ++np) {
+      uint32_t b[4];
+      LdMatrixX4Trans(b, sB + (ks * 16 + (mi & 1) * 8 + ri) * sb + n0 + np * 16 + (mi >> 1) * 8);
+#pragma unroll
+      for (int mt = 0; mt < kM; ++mt) {
+        Mma16816<T>(acc[mt][2 * np], a[mt], b[0], b[1]);
+        Mma16816<T>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
 // out: (B, T, C); lse: (B, H, T) f32; qkv: (B, T, 3C).
 // grid (B*H, ceil(T / kBr)), the last query blocks (most keys) first.
-template <typename T, int kD>
+// kBc keys per streamed K/V tile. kFma (needs scale_log2 > 0): the running
+// max is kept in raw score units and each probability is exp2 of one FMA,
+// s * scale_log2 - max * scale_log2 (FlashAttention-2's form), instead of a
+// multiply per score before the max.
+template <typename T, int kD, int kBc, bool kFma>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse,
                                    const T* __restrict__ qkv, int seq, int H, int D, int C,
                                    float scale_log2) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr, kBc = RowBlock<kD>::kFwdBc;
+  constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr;
   constexpr int kS = Tile<kD>::kStride;
   constexpr int kKV = kBc * kS;  // one K or V stage
   extern __shared__ __align__(16) unsigned char smem_raw[];
@@ -264,7 +344,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int nt = 0; nt < kBc / 8; ++nt) {
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            float v = s[mt][nt][e] * scale_log2;
+            float v = kFma ? s[mt][nt][e] : s[mt][nt][e] * scale_log2;
             if (mask) {
               const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
               const int query = q0 + row0 + mt * 16 + g + (e >> 1) * 8;
@@ -283,7 +363,9 @@ __global__ void __launch_bounds__(kThreads)
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(m_run[mt][r], mx);
-          const float alpha = exp2f(m_run[mt][r] - m_new);
+          const float alpha =
+              kFma ? exp2f((m_run[mt][r] - m_new) * scale_log2) : exp2f(m_run[mt][r] - m_new);
+          const float m_sub = kFma ? m_new * scale_log2 : m_new;  // subtracted in the log2 domain
           m_run[mt][r] = m_new;
           l_run[mt][r] *= alpha;
 #pragma unroll
@@ -293,8 +375,10 @@ __global__ void __launch_bounds__(kThreads)
           }
 #pragma unroll
           for (int nt = 0; nt < kBc / 8; ++nt) {
-            const float p0 = exp2f(s[mt][nt][2 * r] - m_new);
-            const float p1 = exp2f(s[mt][nt][2 * r + 1] - m_new);
+            const float p0 = kFma ? exp2f(fmaf(s[mt][nt][2 * r], scale_log2, -m_sub))
+                                  : exp2f(s[mt][nt][2 * r] - m_sub);
+            const float p1 = kFma ? exp2f(fmaf(s[mt][nt][2 * r + 1], scale_log2, -m_sub))
+                                  : exp2f(s[mt][nt][2 * r + 1] - m_sub);
             s[mt][nt][2 * r] = p0;
             s[mt][nt][2 * r + 1] = p1;
             l_run[mt][r] += p0 + p1;
@@ -316,7 +400,8 @@ __global__ void __launch_bounds__(kThreads)
       const float inv = 1.f / l;
       const int q = q0 + row0 + mt * 16 + g + r * 8;
       if (t4 == 0 && q < seq)
-        lse[static_cast<int64_t>(bh) * seq + q] = (m_run[mt][r] + log2f(l)) * kLn2;
+        lse[static_cast<int64_t>(bh) * seq + q] =
+            ((kFma ? m_run[mt][r] * scale_log2 : m_run[mt][r]) + log2f(l)) * kLn2;
 #pragma unroll
       for (int nt = 0; nt < kD / 8; ++nt) {
         o[mt][nt][2 * r] *= inv;
@@ -587,6 +672,253 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
+// ---- backward with a dS buffer (variant bwd kDsBuffer) ---------------------
+//
+// Pass 1, one block of 8 warps per 128 keys (FlashAttention-2's layout):
+// for each 64-query tile at or after the keys, S = Q K^T and dP = dO V^T
+// with each warp owning 32 queries x 32 keys (flops per shared byte 16), P
+// and dS = P (dP - delta) go through shared memory, then dV += P^T dO and
+// dK += dS^T Q with each warp owning 32 keys x D/2 columns (21 flops per
+// shared byte). dS (unscaled, rounded to T exactly as the mma operand of dQ
+// would be) is also written to the workspace. Pass 2, one block per 64
+// queries: dQ = scale * dS K, streaming the dS panel and K. 5 matmul units
+// instead of 7; every sum in a fixed order.
+//
+// Workspace after delta: per (b, h) the dS panels of the 64-query tiles m =
+// 0, 1, ...; panel m is (64, (m/2 + 1) * 128) row-major: the key blocks of
+// 128 that tile m sees (all of them written, masked entries as 0).
+
+constexpr int kDsThreads = 256;          // 8 warps
+constexpr int kDsKeys = 128;             // keys per dK/dV block
+constexpr int kDsQueries = 64;           // queries per streamed tile = rows of a dS panel
+constexpr int kDsStride = kDsKeys + 8;   // sP / sdS row stride
+constexpr int kDqKeys = 64;              // keys per dQ step
+constexpr int kDqStride = kDqKeys + 8;   // dS tile row stride in the dQ kernel
+
+// Elements before panel m of one head: sum over i < m of (i/2 + 1) blocks.
+__host__ __device__ __forceinline__ int64_t DsPanelOffset(int64_t m) {
+  const int64_t blocks = m + (m >= 1 ? (m - 1) * (m - 1) / 4 : 0);
+  return blocks * kDsQueries * kDsKeys;
+}
+__host__ __device__ __forceinline__ int64_t DsHeadElems(int64_t seq) { return DsPanelOffset((seq + kDsQueries - 1) / kDsQueries); }
+inline size_t DsOffsetBytes(const AttentionShape& s) {  // delta, rounded up to 256 bytes
+  return (static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) + 255) & ~size_t{255};
+}
+
+template <typename T, int kD>
+constexpr size_t DkDvDsSmemBytes() {  // K, V + 2 x (Q, dO) + P, dS + 2 x (lse, delta)
+  return static_cast<size_t>(2 * kDsKeys * Tile<kD>::kStride + 4 * kDsQueries * Tile<kD>::kStride +
+                             2 * kDsQueries * kDsStride) * sizeof(T) +
+         4 * kDsQueries * sizeof(float);
+}
+template <typename T, int kD>
+constexpr size_t DqDsSmemBytes() {  // 2 x (dS tile, K tile)
+  return static_cast<size_t>(2 * kDsQueries * kDqStride + 2 * kDqKeys * Tile<kD>::kStride) *
+         sizeof(T);
+}
+
+// dK, dV for one block of 128 keys (dqkv columns C.. and 2C..) and the dS
+// tiles of those keys. grid (B*H, ceil(T/128)), the first key blocks (most
+// queries) first.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kDsThreads, 1)
+    flash_attention_backward_dkdv_ds_kernel(T* __restrict__ dqkv, T* __restrict__ ds_ws,
+                                            const T* __restrict__ qkv, const T* __restrict__ dout,
+                                            const float* __restrict__ lse,
+                                            const float* __restrict__ delta, int seq, int H, int D,
+                                            int C, float scale_log2, float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kS = Tile<kD>::kStride;
+  constexpr int kQT = kDsQueries * kS;
+  constexpr int kDh = kD / 2;  // head columns per warp in the dK/dV products
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sK = reinterpret_cast<T*>(smem_raw);  // (128, kS)
+  T* sV = sK + kDsKeys * kS;               // (128, kS)
+  T* sQ = sV + kDsKeys * kS;               // (2, 64, kS)
+  T* sdO = sQ + 2 * kQT;                   // (2, 64, kS)
+  T* sP = sdO + 2 * kQT;                   // (64, kDsStride): P as T, [query][key]
+  T* sdS = sP + kDsQueries * kDsStride;    // (64, kDsStride): dS as T
+  float* sL = reinterpret_cast<float*>(sdS + kDsQueries * kDsStride);  // (2, 64): lse*log2e, +inf past T
+  float* sDelta = sL + 2 * kDsQueries;                                  // (2, 64): delta, 0 past T
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+  // S/dP: this warp's 32 queries (wm) x 32 keys (wn) of the 64 x 128 tile.
+  const int wm = warp & 1, wn = warp >> 1;
+  // dK/dV: this warp's 32 keys (wk) x kD/2 head columns (wd).
+  const int wk = warp & 3, wd = warp >> 2;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int kb = blockIdx.y;
+  const int k0 = kb * kDsKeys;
+  const int64_t row_stride = 3LL * C;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+  const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
+  const float* lse_g = lse + static_cast<int64_t>(bh) * seq;
+  const float* delta_g = delta + static_cast<int64_t>(bh) * seq;
+  T* ds_head = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq);
+
+  auto load_queries = [&](int stage, int tile) {
+    const int r0 = tile * kDsQueries;
+    LoadTile<T, kD, kDsQueries, kDsThreads>(sQ + stage * kQT, q_g, r0, seq, D, row_stride);
+    LoadTile<T, kD, kDsQueries, kDsThreads>(sdO + stage * kQT, do_g, r0, seq, D, C);
+    if (threadIdx.x < kDsQueries) {
+      const int q = r0 + threadIdx.x;
+      sL[stage * kDsQueries + threadIdx.x] = q < seq ? lse_g[q] * kLog2e : INFINITY;
+      sDelta[stage * kDsQueries + threadIdx.x] = q < seq ? delta_g[q] : 0.f;
+    }
+  };
+
+  const int n_qt = (seq + kDsQueries - 1) / kDsQueries;
+  const int qt_begin = k0 / kDsQueries;  // queries before k0 see none of these keys
+  LoadTile<T, kD, kDsKeys, kDsThreads>(sK, k_g, k0, seq, D, row_stride);
+  LoadTile<T, kD, kDsKeys, kDsThreads>(sV, v_g, k0, seq, D, row_stride);
+  load_queries(0, qt_begin);
+  CpAsyncCommit();
+
+  float dk[2][kDh / 8][4], dv[2][kDh / 8][4];
+  Zero(dk);
+  Zero(dv);
+
+  for (int it = qt_begin; it < n_qt; ++it) {
+    const int stage = (it - qt_begin) & 1;
+    if (it + 1 < n_qt) {
+      load_queries(stage ^ 1, it + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    const T* q_s = sQ + stage * kQT;
+    const T* do_s = sdO + stage * kQT;
+    const float* l_s = sL + stage * kDsQueries;
+    const float* d_s = sDelta + stage * kDsQueries;
+    const int q_base = it * kDsQueries;
+
+    float p[2][4][4], dp[2][4][4];  // 32 queries x 32 keys
+    Zero(p);
+    Zero(dp);
+    const int kw0 = k0 + wn * 32;  // the warp's first key
+    // Some key of the warp's at or before some query of the warp's (else P = 0).
+    if (kw0 <= q_base + wm * 32 + 31) {
+      MmaABt<T, kD, 2, 32>(p, q_s, wm * 32, sK + wn * 32 * kS);
+      MmaABt<T, kD, 2, 32>(dp, do_s, wm * 32, sV + wn * 32 * kS);
+#pragma unroll
+      for (int mt = 0; mt < 2; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < 4; ++nt) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int ql = wm * 32 + mt * 16 + g + (e >> 1) * 8;
+            const int key = kw0 + nt * 8 + 2 * t4 + (e & 1);
+            float pv = exp2f(p[mt][nt][e] * scale_log2 - l_s[ql]);
+            if (key > q_base + ql) pv = 0.f;
+            p[mt][nt][e] = pv;
+            dp[mt][nt][e] = pv * (dp[mt][nt][e] - d_s[ql]);
+          }
+        }
+      }
+    }
+    FragToSmem<T, 2, 32>(sP, kDsStride, wm * 32, wn * 32, p, 1.f);
+    FragToSmem<T, 2, 32>(sdS, kDsStride, wm * 32, wn * 32, dp, 1.f);
+    __syncthreads();
+    // dV += P^T dO, dK += dS^T Q (the scale is applied at the end).
+    MmaAtB<T, 2, kDh, kDsQueries>(dv, sP, kDsStride, wk * 32, do_s, kS, wd * kDh);
+    MmaAtB<T, 2, kDh, kDsQueries>(dk, sdS, kDsStride, wk * 32, q_s, kS, wd * kDh);
+    // The dS tile to panel `it`, key block kb.
+    {
+      T* panel = ds_head + DsPanelOffset(it);
+      const int64_t width = static_cast<int64_t>(it / 2 + 1) * kDsKeys;
+      constexpr int kChunks = kDsKeys / 8;
+      for (int i = threadIdx.x; i < kDsQueries * kChunks; i += kDsThreads) {
+        const int r = i / kChunks, c = i % kChunks;
+        *reinterpret_cast<int4*>(panel + r * width + k0 + c * 8) =
+            *reinterpret_cast<const int4*>(sdS + r * kDsStride + c * 8);
+      }
+    }
+    __syncthreads();  // sP/sdS and this stage are rewritten by the next iteration
+  }
+
+  // sK and sV are free after the loop's last barrier.
+  FragToSmem<T, 2, kDh>(sK, kS, wk * 32, wd * kDh, dk, scale);
+  FragToSmem<T, 2, kDh>(sV, kS, wk * 32, wd * kDh, dv, 1.f);
+  __syncthreads();
+  T* dq_g = dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  StoreTile<T, kD, kDsKeys, kDsThreads>(dq_g + C, sK, k0, seq, D, row_stride);
+  StoreTile<T, kD, kDsKeys, kDsThreads>(dq_g + 2 * C, sV, k0, seq, D, row_stride);
+#else
+  __trap();
+#endif
+}
+
+// dQ = scale * dS K for one 64-query tile (one dS panel): dqkv columns 0..
+// grid (B*H, ceil(T/64)), the last query tiles (most keys) first. 4 warps,
+// each 32 queries x kD/2 head columns.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads)
+    flash_attention_backward_dq_ds_kernel(T* __restrict__ dqkv, const T* __restrict__ ds_ws,
+                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
+                                          float scale) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  constexpr int kS = Tile<kD>::kStride;
+  constexpr int kDh = kD / 2;
+  constexpr int kDsT = kDsQueries * kDqStride;  // one dS stage
+  constexpr int kKT = kDqKeys * kS;             // one K stage
+  extern __shared__ __align__(16) unsigned char smem_raw[];
+  T* sdS = reinterpret_cast<T*>(smem_raw);  // (2, 64, kDqStride)
+  T* sK = sdS + 2 * kDsT;                   // (2, 64, kS)
+
+  const int warp = threadIdx.x >> 5;
+  const int wm = warp & 1, wd = warp >> 1;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int m = gridDim.y - 1 - blockIdx.y;
+  const int q0 = m * kDsQueries;
+  const int64_t row_stride = 3LL * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + h * D;
+  const T* panel = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq) + DsPanelOffset(m);
+  const int64_t width = static_cast<int64_t>(m / 2 + 1) * kDsKeys;
+
+  auto load = [&](int stage, int j) {
+    LoadTile<T, kD, kDqKeys>(sK + stage * kKT, k_g, j * kDqKeys, seq, D, row_stride);
+    constexpr int kChunks = kDqKeys / 8;
+    for (int i = threadIdx.x; i < kDsQueries * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      CpAsync16(sdS + stage * kDsT + r * kDqStride + c * 8,
+                panel + r * width + j * kDqKeys + c * 8, true);
+    }
+  };
+
+  // Keys 0 .. min(seq, q0 + 64) - 1; all inside the panel's width.
+  const int n_kv = (min(seq, q0 + kDsQueries) + kDqKeys - 1) / kDqKeys;
+  load(0, 0);
+  CpAsyncCommit();
+  float dq[2][kDh / 8][4];
+  Zero(dq);
+  for (int j = 0; j < n_kv; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kv) {
+      load(stage ^ 1, j + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    __syncthreads();
+    MmaAB<T, 2, kDh, kDqKeys>(dq, sdS + stage * kDsT, kDqStride, wm * 32, sK + stage * kKT, kS,
+                              wd * kDh);
+    __syncthreads();
+  }
+  FragToSmem<T, 2, kDh>(sK, kS, wm * 32, wd * kDh, dq, scale);  // free after the last barrier
+  __syncthreads();
+  StoreTile<T, kD, kDsQueries>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D, sK, q0,
+                               seq, D, row_stride);
+#else
+  __trap();
+#endif
+}
+
 template <typename Kernel>
 Status SetSmem(Kernel k, size_t bytes) {
   CUDA_RETURN_IF_ERROR(
@@ -594,13 +926,13 @@ Status SetSmem(Kernel k, size_t bytes) {
   return Status::OK();
 }
 
-template <typename T, int kD>
+template <typename T, int kD, int kBc, bool kFma>
 Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
                      float* lse, const void* qkv) {
   const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
   const int seq = static_cast<int>(s.seq), C = H * D;
-  constexpr size_t smem = FwdSmemBytes<T, kD>();
-  auto kernel = flash_attention_forward_kernel<T, kD>;
+  constexpr size_t smem = FwdSmemBytes<T, kD, kBc>();
+  auto kernel = flash_attention_forward_kernel<T, kD, kBc, kFma>;
   RETURN_IF_ERROR(SetSmem(kernel, smem));
   dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, RowBlock<kD>::kBr));
   kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv),
@@ -643,6 +975,41 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
   return Status::OK();
 }
 
+template <typename T, int kD>
+Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
+                        const void* dout, const void* qkv, const void* out, const float* lse,
+                        void* workspace) {
+  const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
+  const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
+  const int64_t rows = static_cast<int64_t>(B) * seq * H;
+  float* delta = static_cast<float*>(workspace);
+  T* ds = reinterpret_cast<T*>(static_cast<char*>(workspace) + DsOffsetBytes(s));
+  flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
+      delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
+  {
+    dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsKeys));
+    constexpr size_t smem = DkDvDsSmemBytes<T, kD>();
+    auto kernel = flash_attention_backward_dkdv_ds_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kDsThreads, smem, stream>>>(static_cast<T*>(dqkv), ds,
+                                               static_cast<const T*>(qkv),
+                                               static_cast<const T*>(dout), lse, delta, seq, H, D,
+                                               C, scale * kLog2e, scale);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_ds_kernel");
+  }
+  {
+    dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsQueries));
+    constexpr size_t smem = DqDsSmemBytes<T, kD>();
+    auto kernel = flash_attention_backward_dq_ds_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), ds,
+                                             static_cast<const T*>(qkv), seq, H, D, C, scale);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_ds_kernel");
+  }
+  return Status::OK();
+}
+
 // Calls f(T{}, std::integral_constant<int, kD>{}) for the shape's dtype and tile head dim.
 template <typename F>
 Status DispatchFlash(const AttentionShape& s, F&& f) {
@@ -668,25 +1035,39 @@ bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
          s.seq <= int64_t{65535} * kDkDvKeys && s.batch * s.heads <= (int64_t{1} << 30);
 }
 
-size_t FlashAttentionWorkspaceBytes(const AttentionShape& s) {
-  return static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float);  // delta
+size_t FlashAttentionWorkspaceBytes(const AttentionShape& s, const FlashVariant& variant) {
+  const size_t delta = static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float);
+  if (variant.bwd == FlashBwdKernel::kTwoPass) return delta;
+  return DsOffsetBytes(s) + static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) *
+                                DTypeSize(s.dtype);
 }
 
 Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
-                             float* lse, const void* qkv) {
+                             float* lse, const void* qkv, const FlashVariant& variant) {
   if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
   return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
-    return LaunchForward<decltype(tag), decltype(dim)::value>(stream, s, scale, out, lse, qkv);
+    using T = decltype(tag);
+    constexpr int kD = decltype(dim)::value;
+    if (variant.fwd == FlashFwdKernel::kBc64) {
+      // The FMA form keeps the max in raw score units: right only for a positive scale.
+      if (scale > 0.f) return LaunchForward<T, kD, 64, true>(stream, s, scale, out, lse, qkv);
+      return LaunchForward<T, kD, 64, false>(stream, s, scale, out, lse, qkv);
+    }
+    return LaunchForward<T, kD, RowBlock<kD>::kFwdBc, false>(stream, s, scale, out, lse, qkv);
   });
 }
 
 Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, float scale,
                               void* dqkv, const void* dout, const void* qkv, const void* out,
-                              const float* lse, void* workspace) {
+                              const float* lse, void* workspace, const FlashVariant& variant) {
   if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
   return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
-    return LaunchBackward<decltype(tag), decltype(dim)::value>(
-        stream, s, scale, dqkv, dout, qkv, out, lse, static_cast<float*>(workspace));
+    using T = decltype(tag);
+    constexpr int kD = decltype(dim)::value;
+    if (variant.bwd == FlashBwdKernel::kDsBuffer)
+      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace);
+    return LaunchBackward<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse,
+                                 static_cast<float*>(workspace));
   });
 }
 

@@ -11,8 +11,9 @@ The results are compared with a float64 reference of causal attention.
 
 This checks the kernels' bookkeeping (tiles, fragments, masks, ragged edges,
 padded head dims), not the hardware: a mistake in the emulated semantics of
-an instruction would be shared by kernel and emulation. Run:
-    python3 kernels/cuda/flash_attention_emulation.py
+an instruction would be shared by kernel and emulation. Every kernel variant
+(cuda_backend.h, kFlashVariants) is emulated. Run:
+    python3 kernels/cuda/flash_attention_emulation.py [seed [variant,...]]
 """
 import sys
 
@@ -147,11 +148,11 @@ def zeros(kM, n):
     return [np.zeros((n, 32, 4), np.float32) for _ in range(kM)]
 
 
-def forward(qkv, B, T, H, D, scale):
-    """flash_attention_forward_kernel for all blocks. qkv (B, T, 3C) bf16 values."""
+def forward(qkv, B, T, H, D, scale, kBc=None, fma=False):
+    """flash_attention_forward_kernel<T, kD, kBc, fma> for all blocks. qkv (B, T, 3C) bf16 values."""
     kD = 64 if D <= 64 else 128
     kS = kD + 8
-    kBc = fwd_bc(kD)
+    kBc = kBc or fwd_bc(kD)
     C = H * D
     out = np.full((B, T, C), np.nan, np.float32)
     lse = np.full((B, H, T), np.nan, np.float32)
@@ -186,7 +187,7 @@ def forward(qkv, B, T, H, D, scale):
                         for mt in range(KM):
                             for nt in range(kBc // 8):
                                 for e in range(4):
-                                    v = s[mt][nt][:, e] * sl2
+                                    v = s[mt][nt][:, e] if fma else s[mt][nt][:, e] * sl2
                                     if mask:
                                         key = k0 + nt * 8 + 2 * T4 + (e & 1)
                                         query = q0 + row0 + mt * 16 + G + (e >> 1) * 8
@@ -196,14 +197,23 @@ def forward(qkv, B, T, H, D, scale):
                                 mx = np.max(np.maximum(s[mt][:, :, 2 * r], s[mt][:, :, 2 * r + 1]), axis=0)
                                 mx = quad_reduce(mx, np.max)
                                 m_new = np.maximum(m_run[w][mt, :, r], mx)
-                                alpha = np.exp2(m_run[w][mt, :, r] - m_new)
+                                if fma:
+                                    alpha = np.exp2((m_run[w][mt, :, r] - m_new) * sl2)
+                                    m_sub = m_new * sl2
+                                else:
+                                    alpha = np.exp2(m_run[w][mt, :, r] - m_new)
+                                    m_sub = m_new
                                 m_run[w][mt, :, r] = m_new
                                 l_run[w][mt, :, r] *= alpha
                                 o[w][mt][:, :, 2 * r] *= alpha
                                 o[w][mt][:, :, 2 * r + 1] *= alpha
                                 for nt in range(kBc // 8):
-                                    p0 = np.exp2(s[mt][nt][:, 2 * r] - m_new)
-                                    p1 = np.exp2(s[mt][nt][:, 2 * r + 1] - m_new)
+                                    if fma:
+                                        p0 = np.exp2(np.float32(s[mt][nt][:, 2 * r] * sl2 - m_sub))
+                                        p1 = np.exp2(np.float32(s[mt][nt][:, 2 * r + 1] * sl2 - m_sub))
+                                    else:
+                                        p0 = np.exp2(s[mt][nt][:, 2 * r] - m_sub)
+                                        p1 = np.exp2(s[mt][nt][:, 2 * r + 1] - m_sub)
                                     s[mt][nt][:, 2 * r] = p0
                                     s[mt][nt][:, 2 * r + 1] = p1
                                     l_run[w][mt, :, r] += p0 + p1
@@ -216,7 +226,8 @@ def forward(qkv, B, T, H, D, scale):
                             inv = 1.0 / l
                             q = q0 + row0 + mt * 16 + G + r * 8
                             sel = (T4 == 0) & (q < T)
-                            lse[b, h, q[sel]] = (m_run[w][mt, sel, r] + np.log2(l[sel])) * LN2
+                            m_l2 = m_run[w][mt, sel, r] * sl2 if fma else m_run[w][mt, sel, r]
+                            lse[b, h, q[sel]] = (m_l2 + np.log2(l[sel])) * LN2
                             o[w][mt][:, :, 2 * r] *= inv
                             o[w][mt][:, :, 2 * r + 1] *= inv
                     rows = acc_to_rows(o[w], kD, 1.0)
@@ -355,6 +366,161 @@ def backward(qkv, dout, out, lse, B, T, H, D, scale):
     return dqkv
 
 
+# ---- the dS-buffer backward (variant bwd kDsBuffer) -----------------------------
+
+DS_KEYS = 128
+DS_QUERIES = 64
+DS_STRIDE = DS_KEYS + 8
+DQ_KEYS = 64
+DQ_STRIDE = DQ_KEYS + 8
+
+
+def ds_panel_offset(m):
+    blocks = m + ((m - 1) * (m - 1) // 4 if m >= 1 else 0)
+    return blocks * DS_QUERIES * DS_KEYS
+
+
+def frag_to_smem(s, stride, row0, col0, acc, kN, mul):
+    """FragToSmem: acc[kM][kN/8] (32, 4) * mul as bf16 into s at rows row0.., cols col0.."""
+    for mt in range(len(acc)):
+        for nt in range(kN // 8):
+            for h in range(2):
+                r = row0 + mt * 16 + G + h * 8
+                s[r * stride + col0 + nt * 8 + 2 * T4] = bf16(acc[mt][nt][:, 2 * h] * mul)
+                s[r * stride + col0 + nt * 8 + 2 * T4 + 1] = bf16(acc[mt][nt][:, 2 * h + 1] * mul)
+
+
+def mma_ab(acc, sA, sa, m0, sB, sb, n0, kM, kN, kK):
+    for ks in range(kK // 16):
+        a = [ldmatrix_x4(sA, (m0 + mt * 16 + (LANE & 15)) * sa + ks * 16 + (LANE >> 4) * 8)
+             for mt in range(kM)]
+        for np_ in range(kN // 16):
+            b = ldmatrix_x4(sB, (ks * 16 + (MI & 1) * 8 + RI) * sb + n0 + np_ * 16 + (MI >> 1) * 8, trans=True)
+            for mt in range(kM):
+                mma(acc[mt][2 * np_], a[mt], b[0], b[1])
+                mma(acc[mt][2 * np_ + 1], a[mt], b[2], b[3])
+
+
+def mma_atb(acc, sA, sa, m0, sB, sb, n0, kM, kN, kK):
+    for ks in range(kK // 16):
+        a = [ldmatrix_x4(sA, (ks * 16 + (MI >> 1) * 8 + RI) * sa + m0 + mt * 16 + (MI & 1) * 8, trans=True)
+             for mt in range(kM)]
+        for np_ in range(kN // 16):
+            b = ldmatrix_x4(sB, (ks * 16 + (MI & 1) * 8 + RI) * sb + n0 + np_ * 16 + (MI >> 1) * 8, trans=True)
+            for mt in range(kM):
+                mma(acc[mt][2 * np_], a[mt], b[0], b[1])
+                mma(acc[mt][2 * np_ + 1], a[mt], b[2], b[3])
+
+
+def backward_ds(qkv, dout, out, lse, B, T, H, D, scale):
+    """flash_attention_backward_dkdv_ds_kernel then flash_attention_backward_dq_ds_kernel."""
+    kD = 64 if D <= 64 else 128
+    kS = kD + 8
+    kDh = kD // 2
+    C = H * D
+    sl2 = np.float32(scale * LOG2E)
+    dqkv = np.full((B, T, 3 * C), np.nan, np.float32)
+    delta = np.zeros((B, H, T), np.float32)
+    for b in range(B):
+        for t in range(T):
+            for h in range(H):
+                delta[b, h, t] = np.float32(np.sum(out[b, t, h * D:h * D + D].astype(np.float64) *
+                                                   dout[b, t, h * D:h * D + D]))
+    n_qt = (T + DS_QUERIES - 1) // DS_QUERIES
+    n_kb = (T + DS_KEYS - 1) // DS_KEYS
+    for b in range(B):
+        for h in range(H):
+            g = qkv[b]
+            gd = dout[b]
+            ws = np.full(ds_panel_offset(n_qt), np.nan, np.float32)  # NaN: never written
+            for kb in range(n_kb):
+                k0 = kb * DS_KEYS
+                sK = np.zeros(DS_KEYS * kS, np.float32)
+                sV = np.zeros(DS_KEYS * kS, np.float32)
+                load_tile(sK, 0, g, k0, T, D, kD, DS_KEYS, C + h * D)
+                load_tile(sV, 0, g, k0, T, D, kD, DS_KEYS, 2 * C + h * D)
+                dk = [zeros(2, kDh // 8) for _ in range(8)]
+                dv = [zeros(2, kDh // 8) for _ in range(8)]
+                for it in range(k0 // DS_QUERIES, n_qt):
+                    q_base = it * DS_QUERIES
+                    sQ = np.zeros(DS_QUERIES * kS, np.float32)
+                    sdO = np.zeros(DS_QUERIES * kS, np.float32)
+                    load_tile(sQ, 0, g, q_base, T, D, kD, DS_QUERIES, h * D)
+                    load_tile(sdO, 0, gd, q_base, T, D, kD, DS_QUERIES, h * D)
+                    sL = np.array([lse[b, h, q_base + i] * LOG2E if q_base + i < T else np.inf
+                                   for i in range(DS_QUERIES)], np.float32)
+                    sD = np.array([delta[b, h, q_base + i] if q_base + i < T else 0.0
+                                   for i in range(DS_QUERIES)], np.float32)
+                    sP = np.full(DS_QUERIES * DS_STRIDE, np.nan, np.float32)
+                    sdS = np.full(DS_QUERIES * DS_STRIDE, np.nan, np.float32)
+                    for w in range(8):
+                        wm, wn = w & 1, w >> 1
+                        p = zeros(2, 4)
+                        dp = zeros(2, 4)
+                        kw0 = k0 + wn * 32
+                        if kw0 <= q_base + wm * 32 + 31:
+                            mma_abt(p, sQ, 0, wm * 32, sK, wn * 32 * kS, kD, 2, 32)
+                            mma_abt(dp, sdO, 0, wm * 32, sV, wn * 32 * kS, kD, 2, 32)
+                            for mt in range(2):
+                                for nt in range(4):
+                                    for e in range(4):
+                                        ql = wm * 32 + mt * 16 + G + (e >> 1) * 8
+                                        key = kw0 + nt * 8 + 2 * T4 + (e & 1)
+                                        pv = np.exp2(p[mt][nt][:, e] * sl2 - sL[ql])
+                                        pv = np.where(key > q_base + ql, 0.0, pv)
+                                        p[mt][nt][:, e] = pv
+                                        dp[mt][nt][:, e] = pv * (dp[mt][nt][:, e] - sD[ql])
+                        frag_to_smem(sP, DS_STRIDE, wm * 32, wn * 32, p, 32, 1.0)
+                        frag_to_smem(sdS, DS_STRIDE, wm * 32, wn * 32, dp, 32, 1.0)
+                    assert not np.isnan(sP.reshape(DS_QUERIES, DS_STRIDE)[:, :DS_KEYS]).any()
+                    for w in range(8):
+                        wk, wd = w & 3, w >> 2
+                        mma_atb(dv[w], sP, DS_STRIDE, wk * 32, sdO, kS, wd * kDh, 2, kDh, DS_QUERIES)
+                        mma_atb(dk[w], sdS, DS_STRIDE, wk * 32, sQ, kS, wd * kDh, 2, kDh, DS_QUERIES)
+                    off = ds_panel_offset(it)
+                    width = (it // 2 + 1) * DS_KEYS
+                    for r in range(DS_QUERIES):
+                        ws[off + r * width + k0:off + r * width + k0 + DS_KEYS] = sdS[r * DS_STRIDE:r * DS_STRIDE + DS_KEYS]
+                oK = np.zeros(DS_KEYS * kS, np.float32)
+                oV = np.zeros(DS_KEYS * kS, np.float32)
+                for w in range(8):
+                    wk, wd = w & 3, w >> 2
+                    frag_to_smem(oK, kS, wk * 32, wd * kDh, dk[w], kDh, scale)
+                    frag_to_smem(oV, kS, wk * 32, wd * kDh, dv[w], kDh, 1.0)
+                for rr in range(DS_KEYS):
+                    k = k0 + rr
+                    if k < T:
+                        dqkv[b, k, C + h * D:C + h * D + D] = oK[rr * kS:rr * kS + D]
+                        dqkv[b, k, 2 * C + h * D:2 * C + h * D + D] = oV[rr * kS:rr * kS + D]
+            # dQ from the dS panels
+            for m in range(n_qt):
+                q0 = m * DS_QUERIES
+                off = ds_panel_offset(m)
+                width = (m // 2 + 1) * DS_KEYS
+                dq = [zeros(2, kDh // 8) for _ in range(4)]
+                n_kv = (min(T, q0 + DS_QUERIES) + DQ_KEYS - 1) // DQ_KEYS
+                for j in range(n_kv):
+                    sK = np.zeros(DQ_KEYS * kS, np.float32)
+                    load_tile(sK, 0, g, j * DQ_KEYS, T, D, kD, DQ_KEYS, C + h * D)
+                    sdS = np.zeros(DS_QUERIES * DQ_STRIDE, np.float32)
+                    for r in range(DS_QUERIES):
+                        src = ws[off + r * width + j * DQ_KEYS:off + r * width + j * DQ_KEYS + DQ_KEYS]
+                        assert src.size == DQ_KEYS and not np.isnan(src).any(), "dS read before written"
+                        sdS[r * DQ_STRIDE:r * DQ_STRIDE + DQ_KEYS] = src
+                    for w in range(4):
+                        wm, wd = w & 1, w >> 1
+                        mma_ab(dq[w], sdS, DQ_STRIDE, wm * 32, sK, kS, wd * kDh, 2, kDh, DQ_KEYS)
+                oQ = np.zeros(DS_QUERIES * kS, np.float32)
+                for w in range(4):
+                    wm, wd = w & 1, w >> 1
+                    frag_to_smem(oQ, kS, wm * 32, wd * kDh, dq[w], kDh, scale)
+                for rr in range(DS_QUERIES):
+                    q = q0 + rr
+                    if q < T:
+                        dqkv[b, q, h * D:h * D + D] = oQ[rr * kS:rr * kS + D]
+    return dqkv
+
+
 def reference(qkv, dout, B, T, H, D, scale):
     """float64 causal attention forward and backward."""
     C = H * D
@@ -396,28 +562,38 @@ def relerr(a, r):
     return np.linalg.norm(a - r) / den if den > 0 else np.linalg.norm(a - r)
 
 
+# cuda_backend.h kFlashVariants: name -> (forward Bc 64 + FMA, dS-buffer backward)
+VARIANTS = {"v1": (False, False), "fwd64": (True, False), "bwdds": (False, True), "v2": (True, True)}
+
+
 def main():
     rng = np.random.default_rng(int(sys.argv[1]) if len(sys.argv) > 1 else 0)
+    only = sys.argv[2].split(",") if len(sys.argv) > 2 else None
     cases = [(1, 1, 2, 32), (1, 127, 3, 32), (2, 70, 1, 64), (1, 130, 2, 64), (1, 100, 2, 128),
              (1, 65, 1, 16), (1, 90, 2, 40), (1, 64, 1, 96), (1, 300, 1, 128), (1, 257, 1, 64)]
     ok = True
-    print(f"{'B':>2} {'T':>4} {'H':>2} {'D':>4}  {'out':>9} {'lse':>9} {'dq':>9} {'dk':>9} {'dv':>9}")
+    print(f"{'var':>6} {'B':>2} {'T':>4} {'H':>2} {'D':>4}  {'out':>9} {'lse':>9} {'dq':>9} {'dk':>9} {'dv':>9}")
     for (B, T, H, D) in cases:
         C = H * D
         scale = 1.0 / np.sqrt(D)
         qkv = bf16(rng.uniform(-2, 2, (B, T, 3 * C)).astype(np.float32))
         dout = bf16(rng.uniform(-1, 1, (B, T, C)).astype(np.float32))
-        out, lse = forward(qkv, B, T, H, D, scale)
         r_out, r_lse, r_dqkv = reference(qkv, dout, B, T, H, D, scale)
-        # The backward gets the forward results as the kernels would (bf16 out).
-        dqkv = backward(qkv, dout, bf16(out), lse, B, T, H, D, scale)
-        e = [relerr(out, r_out), relerr(lse, r_lse)]
-        for part in range(3):
-            e.append(relerr(dqkv[:, :, part * C:(part + 1) * C], r_dqkv[:, :, part * C:(part + 1) * C]))
-        bad = any(not (x < 1e-2) for x in e) or e[1] > 1e-5
-        ok &= not bad
-        print(f"{B:>2} {T:>4} {H:>2} {D:>4}  " + " ".join(f"{x:9.2e}" for x in e) +
-              ("  FAIL" if bad else ""))
+        for variant in VARIANTS:
+            if only and variant not in only:
+                continue
+            fwd_bc64, bwd_ds = VARIANTS[variant]
+            out, lse = forward(qkv, B, T, H, D, scale, 64 if fwd_bc64 else None, fwd_bc64)
+            # The backward gets the forward results as the kernels would (bf16 out).
+            bw = backward_ds if bwd_ds else backward
+            dqkv = bw(qkv, dout, bf16(out), lse, B, T, H, D, scale)
+            e = [relerr(out, r_out), relerr(lse, r_lse)]
+            for part in range(3):
+                e.append(relerr(dqkv[:, :, part * C:(part + 1) * C], r_dqkv[:, :, part * C:(part + 1) * C]))
+            bad = any(not (x < 1e-2) for x in e) or e[1] > 1e-5
+            ok &= not bad
+            print(f"{variant:>6} {B:>2} {T:>4} {H:>2} {D:>4}  " + " ".join(f"{x:9.2e}" for x in e) +
+                  ("  FAIL" if bad else ""))
     print("all within tolerance" if ok else "FAILURES")
     return 0 if ok else 1
 

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_backend.h"
 #include "tiers/status.h"
 
 namespace strata::kernels::cuda {
@@ -74,12 +75,14 @@ Status SimpleAttentionBackward(cudaStream_t stream, GemmRunner& gemm, const Atte
 
 // flash_attention.cu — the fused path (same buffers). Needs 16-byte aligned
 // qkv, out, dout, dqkv and C % 8 == 0 (implied by head_dim % 8 == 0).
+// `variant` picks the kernels (cuda_backend.h, kFlashVariants); the
+// workspace depends on its backward scheme.
 bool FlashAttentionSupports(const AttentionShape& s, int cc_major);
-size_t FlashAttentionWorkspaceBytes(const AttentionShape& s);
+size_t FlashAttentionWorkspaceBytes(const AttentionShape& s, const FlashVariant& variant);
 Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
-                             float* lse, const void* qkv);
+                             float* lse, const void* qkv, const FlashVariant& variant);
 Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, float scale,
                               void* dqkv, const void* dout, const void* qkv, const void* out,
-                              const float* lse, void* workspace);
+                              const float* lse, void* workspace, const FlashVariant& variant);
 
 }  // namespace strata::kernels::cuda

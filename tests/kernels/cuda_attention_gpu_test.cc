@@ -2,6 +2,9 @@
 // against the CPU backend and against each other: T = 1, 127, 1000 and tiles
 // cut mid-way; head counts 1, 3, 5, 6, 12, 16; head dims 16..128 including
 // ones the flash kernels pad (16, 40, 96) and one they do not take (20).
+// Every flash kernel variant (kFlashVariants) is checked against the CPU and
+// for bitwise run-to-run determinism.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -175,6 +178,77 @@ TEST_P(CudaAttentionTest, FlashMatchesSimpleAndIsDeterministic) {
   EXPECT_TRUE(mir.GpuBytes(dqkv) == first) << "flash backward differs run to run";
 }
 
+// Every flash kernel variant against the CPU backend: forward (out, lse) and
+// backward (dq, dk, dv, from the CPU's forward results), and each run twice:
+// bitwise the same.
+TEST_P(CudaAttentionTest, EveryFlashVariantMatchesCpuAndIsDeterministic) {
+  const AttnCase c = GetParam();
+  if (!FlashShape(c) || !sm80_) GTEST_SKIP() << "the flash kernels do not take this case";
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  SCOPED_TRACE("seed " + std::to_string(seed_));
+  auto& mir = *mirrors_;
+  const DType dt = c.dt;
+  const size_t es = DTypeSize(dt);
+  auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -2.f, 2.f), dt);
+  auto dout = mir.MakeFloats(RandomFloats(c.B * c.T * C_, seed_ + 1), dt);
+  Mirror out = mir.Make(c.B * c.T * C_ * es);
+  Mirror lse = mir.Make(c.B * c.H * c.T * 4);
+  Mirror dqkv = mir.Make(c.B * c.T * 3 * C_ * es);
+  ASSERT_OK(cpu_->AttentionForward(shape_, out.ref.data(), lse.ref.as<float>(), qkv.ref.data(), nullptr));
+  ASSERT_OK(cpu_->AttentionBackward(shape_, dqkv.ref.data(), dout.ref.data(), qkv.ref.data(),
+                                    out.ref.data(), lse.ref.as<float>(), nullptr));
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
+  for (const FlashVariant& v : kFlashVariants) {
+    SCOPED_TRACE(std::string("variant ") + v.name);
+    ASSERT_OK(SetFlashVariant(flash.get(), v.name));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_))));
+    // Forward vs the CPU, then again: bitwise the same.
+    mir.PoisonGpu(out);
+    mir.PoisonGpu(lse);
+    ASSERT_OK(flash->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), ws.data()));
+    ASSERT_OK(flash->Synchronize());
+    EXPECT_CLOSE(mir, out, dt, OutTol(), std::string("out (") + v.name + ")");
+    EXPECT_CLOSE(mir, lse, DType::kF32, 5e-5, std::string("lse (") + v.name + ")");
+    const std::vector<uint8_t> out1 = mir.GpuBytes(out), lse1 = mir.GpuBytes(lse);
+    mir.PoisonGpu(out);
+    mir.PoisonGpu(lse);
+    ASSERT_OK(flash->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), ws.data()));
+    ASSERT_OK(flash->Synchronize());
+    EXPECT_TRUE(mir.GpuBytes(out) == out1) << v.name << ": forward out differs run to run";
+    EXPECT_TRUE(mir.GpuBytes(lse) == lse1) << v.name << ": forward lse differs run to run";
+
+    // Backward from the CPU's forward results, vs the CPU, per part.
+    mir.Set(out, mir.RefBytes(out));
+    mir.Set(lse, mir.RefBytes(lse));
+    mir.PoisonGpu(dqkv);
+    ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
+                                       out.gpu.data(), lse.gpu.as<float>(), ws.data()));
+    ASSERT_OK(flash->Synchronize());
+    EXPECT_CLOSE(mir, dqkv, dt, OutTol(), std::string("dqkv (") + v.name + ")");
+    {
+      auto g = mir.Gpu(dqkv, dt), r = mir.Ref(dqkv, dt);
+      const char* part[] = {"dq", "dk", "dv"};
+      for (int p = 0; p < 3; ++p) {
+        std::vector<double> gp, rp;
+        for (int64_t row = 0; row < c.B * c.T; ++row)
+          for (int64_t j = 0; j < C_; ++j) {
+            gp.push_back(g[row * 3 * C_ + p * C_ + j]);
+            rp.push_back(r[row * 3 * C_ + p * C_ + j]);
+          }
+        EXPECT_LE(RelErr(gp, rp), OutTol()) << part[p] << " (" << v.name << ")";
+      }
+    }
+    const std::vector<uint8_t> d1 = mir.GpuBytes(dqkv);
+    mir.PoisonGpu(dqkv);
+    ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
+                                       out.gpu.data(), lse.gpu.as<float>(), ws.data()));
+    ASSERT_OK(flash->Synchronize());
+    EXPECT_TRUE(mir.GpuBytes(dqkv) == d1) << v.name << ": backward differs run to run";
+  }
+}
+
 std::vector<AttnCase> Cases() {
   const DType bf16 = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
   return {
@@ -221,6 +295,28 @@ TEST_F(CudaAttentionErrorTest, FlashForcedOnAShapeItCannotTakeIsInvalidArgument)
                                       static_cast<char*>(buf.data()) + 2, buf.data()),
               StatusIs(StatusCode::kInvalidArgument));
   EXPECT_OK(flash->Synchronize());
+}
+
+TEST_F(CudaAttentionErrorTest, UnknownFlashVariantIsInvalidArgument) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  CudaBackendOptions o;
+  o.flash_variant = "no-such-variant";
+  EXPECT_THAT(MakeCudaBackend(o).status(), StatusIs(StatusCode::kInvalidArgument));
+  o.flash_variant = kFlashVariants[0].name;
+  ASSERT_OK_AND_ASSIGN(auto be, MakeCudaBackend(o));
+  EXPECT_THAT(SetFlashVariant(be.get(), "no-such-variant"), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(SetFlashVariant(cpu_.get(), kFlashVariants[0].name),
+              StatusIs(StatusCode::kFailedPrecondition));
+  // The dS-buffer backward needs more workspace than the two-pass one.
+  if (::strata::testing::GpuCcMajor() >= 8) {
+    AttentionShape s{2, 1000, 3, 64, DType::kBF16};
+    ASSERT_OK(SetFlashVariant(be.get(), "v1"));
+    const size_t two_pass = be->AttentionWorkspaceBytes(s);
+    ASSERT_OK(SetFlashVariant(be.get(), "bwdds"));
+    const size_t ds = be->AttentionWorkspaceBytes(s);
+    EXPECT_EQ(two_pass, size_t{2 * 3 * 1000 * 4});
+    EXPECT_GT(ds, two_pass + size_t{2 * 3} * 1000 * 1000 * 2 / 2);
+  }
 }
 
 }  // namespace
