@@ -1402,10 +1402,10 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   Config cfg = options.config;
   ASSIGN_OR_RETURN(GptConfig g, MakeGptConfig(cfg));
   ASSIGN_OR_RETURN(DType dtype, PrecisionDType(cfg));
-  // Scratch sizes from the CPU formulas (the CUDA backend's attention needs no
-  // more than the CPU's); no backend memory is touched.
-  std::unique_ptr<kernels::Backend> cpu = kernels::MakeCpuBackend(1);
-  size_t block = GptLayers::BlockScratchBytes(*cpu, g, cfg.micro_batch, cfg.model.seq_len, dtype);
+  // Scratch sizes from the backend the run would use (its attention's
+  // workspace depends on the kernel chosen); nothing is allocated on it.
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be, MakeBackend(options));
+  size_t block = GptLayers::BlockScratchBytes(*be, g, cfg.micro_batch, cfg.model.seq_len, dtype);
   size_t head = GptLayers::HeadScratchBytes(g, cfg.micro_batch, cfg.model.seq_len, dtype);
   uint64_t gpu = options.gpu_memory_limit;
   if (!gpu) {
