@@ -93,6 +93,26 @@
 //   gradient read 4/2, parameter copy written 2/4 (non-temporal stores: no
 //   read for ownership). fp32 state + fp16 grad + fp16 copy = 28 bytes.
 //   (AdamBytesPerParam computes it.)
+//
+// ## Reaching the memory roof: what the pass does, what the caller does
+//
+// The pass is bandwidth-bound: 8 streams per thread (4 read, 3 written in
+// place, 1 written non-temporally). What decides how much of the machine's
+// bandwidth it gets, besides the code:
+//  - Pages: with 4 KiB pages each stream crosses a page every 64 lines (dTLB
+//    misses, and the L2 streamer stops at every page boundary). Allocate the
+//    arrays 2 MiB-aligned with MADV_HUGEPAGE before first touch:
+//    tiers/host_tier.h MapHostMemory, or HostTierOptions::huge_pages =
+//    kAligned for the host tier.
+//  - Placement: touch the pages first from the threads that will update them
+//    (RunTiles runs a function on exactly Step's threads and partition);
+//    Options::pin_threads keeps them there.
+//  - Memory-level parallelism: Options::prefetch_bytes adds software
+//    prefetches ahead of the hardware prefetchers (a hint; no effect on any
+//    result).
+// strata-bench adam measures every combination against a roof pass with the
+// same byte pattern, set up the same way; scripts/adam-sweep.sh is the sweep
+// that picks the defaults.
 #pragma once
 
 #include <cstddef>
