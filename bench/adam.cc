@@ -31,6 +31,10 @@
 //   --prefetch LIST        software prefetch distance, bytes ahead per read stream
 //                          (CpuAdam prefetch_bytes), e.g. 0,512,2048; 0 = none
 //   --prefetch-hint LIST   l1 (prefetcht0), l2 (prefetcht2), or both: l1,l2
+//   --stagger BYTES        buffer k of a shard starts k x BYTES into its own mapping
+//                          (default 2M, like glibc's aligned_alloc; 0 = every array
+//                          2 MiB-aligned back to back, power-of-two spaced, which
+//                          measured 2-3x slower on the 2-core dev VM)
 //   --full                 the sweep: 1M..1G, threads 1,2,4,..,all, four configs
 //   --json FILE            also write the rows as JSON (rewritten after every row, so
 //                          a run cut short by a timeout keeps what it measured)
@@ -149,15 +153,27 @@ std::string CountName(size_t n) {
 
 // Host memory: 2 MiB-aligned anonymous mappings with the huge-page advice of
 // the variant (tiers/host_tier.h), first touched by the worker threads.
-using HostBuf = HostMapping;
+// Buffer k of a shard starts k x `stagger` bytes into its mapping: arrays
+// spaced by an exact power of two (what back-to-back 2 MiB-aligned mmaps of
+// 2^k-byte arrays give) can alias in the TLB, caches and DRAM banks, which
+// costs this pass up to 2-3x on some machines; glibc's aligned_alloc
+// staggers by 2 MiB + a page per array, which --stagger 2M reproduces.
+struct HostBuf {
+  HostMapping map;
+  uint8_t* p = nullptr;
+  void* data() const { return p; }
+};
 
-HostBuf Alloc(size_t bytes, HostHugePages hp) {
-  return BENCH_VALUE(MapHostMemory(std::max<size_t>(bytes, 1), hp, /*prefault=*/false));
+HostBuf Alloc(size_t bytes, HostHugePages hp, size_t offset) {
+  HostBuf b;
+  b.map = BENCH_VALUE(MapHostMemory(std::max<size_t>(bytes, 1) + offset, hp, /*prefault=*/false));
+  b.p = static_cast<uint8_t*>(b.map.data()) + offset;
+  return b;
 }
 
 template <class T = uint8_t>
 T* Ptr(const HostBuf& b) {
-  return static_cast<T*>(b.data());
+  return reinterpret_cast<T*>(b.p);
 }
 
 // One software prefetch; hint 0 = prefetcht0, else prefetcht2.
@@ -220,14 +236,15 @@ struct RoofOps<16> {
   }
 };
 
-uint64_t RoofTileSse(const RoofTile& t) {
+template <bool kPf>
+uint64_t RoofTileSseImpl(const RoofTile& t) {
   using O = RoofOps<16>;
   constexpr size_t kGroup = 16;  // elements per iteration: 64 B of p
   O::R acc = O::Zero();
   size_t i = 0;
   const size_t full = t.n - t.n % kGroup;
   for (; i < full; i += kGroup) {
-    if (t.pf && i < t.pf_stop) RoofPrefetch(t, i);
+    if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 16) {
       O::R x = O::Add1(O::Load(t.p + i * 4 + b));
       O::Store(t.p + i * 4 + b, x);
@@ -251,14 +268,15 @@ uint64_t RoofTileSse(const RoofTile& t) {
   return folded;
 }
 
-__attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
+template <bool kPf>
+__attribute__((target("avx2"))) uint64_t RoofTileAvx2Impl(const RoofTile& t) {
   constexpr size_t kGroup = 16;  // 64 B of p
   __m256i acc = _mm256_setzero_si256();
   const __m256i one = _mm256_set1_epi32(1);
   size_t i = 0;
   const size_t full = t.n - t.n % kGroup;
   for (; i < full; i += kGroup) {
-    if (t.pf && i < t.pf_stop) RoofPrefetch(t, i);
+    if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 32) {
       __m256i x = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.p + i * 4 + b)), one);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.p + i * 4 + b), x);
@@ -283,6 +301,12 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
   }
   if (t.out) _mm_sfence();
   return folded;
+}
+
+// The loop without prefetch has no prefetch test in it.
+uint64_t RoofTileSse(const RoofTile& t) { return t.pf ? RoofTileSseImpl<true>(t) : RoofTileSseImpl<false>(t); }
+__attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
+  return t.pf ? RoofTileAvx2Impl<true>(t) : RoofTileAvx2Impl<false>(t);
 }
 
 // ---- one shard's buffers ------------------------------------------------------
@@ -314,18 +338,19 @@ size_t ShardBytes(size_t n, const Config& cfg) {
 
 // Allocates and fills the shard with plausible values (first touch by the
 // threads of `arena`, in the tiles the passes will use).
-Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, tbb::task_arena& arena, size_t tile) {
+Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, tbb::task_arena& arena,
+                size_t tile) {
   Shard s;
   s.n = n;
   s.cfg = cfg;
   const size_t ss = DTypeSize(cfg.state), gs = DTypeSize(cfg.grad), os = DTypeSize(cfg.out);
-  s.master = Alloc(n * 4, hp);
-  s.m = Alloc(n * ss, hp);
-  s.v = Alloc(n * ss, hp);
-  s.grad = Alloc(n * gs, hp);
-  if (cfg.has_out) s.out = Alloc(n * os, hp);
-  s.sa = Alloc(n * 4, hp);
-  s.sb = Alloc(n * 4, hp);
+  s.master = Alloc(n * 4, hp, 0 * stagger);
+  s.m = Alloc(n * ss, hp, 1 * stagger);
+  s.v = Alloc(n * ss, hp, 2 * stagger);
+  s.grad = Alloc(n * gs, hp, 3 * stagger);
+  if (cfg.has_out) s.out = Alloc(n * os, hp, 4 * stagger);
+  s.sa = Alloc(n * 4, hp, 5 * stagger);
+  s.sb = Alloc(n * 4, hp, 6 * stagger);
   const size_t ntiles = (n + tile - 1) / tile;
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, ntiles, 1), [&](const tbb::blocked_range<size_t>& r) {
@@ -455,6 +480,7 @@ int RunAdam(int argc, char** argv) {
   std::string sizes_s = "1M,16M,64M", threads_s, isa_s = "all", tiles_s = "16K", pin_s = "off";
   std::string hugepages_s = "on", prefetch_s = "0", hints_s = "l2";
   std::vector<std::string> configs_s;
+  std::string stagger_s = "2M";
   int reps = 10;
   po::options_description desc("strata-bench adam: the CPU Adam step against the host memory roof");
   AddCommonOptions(desc, common);
@@ -471,7 +497,9 @@ int RunAdam(int argc, char** argv) {
       "buffers with MADV_HUGEPAGE, 2 MiB-aligned (on), MADV_NOHUGEPAGE (off), or both")(
       "prefetch", po::value(&prefetch_s)->value_name("LIST"),
       "software prefetch distances, bytes ahead per read stream (multiples of 64), e.g. 0,512,2048")(
-      "prefetch-hint", po::value(&hints_s)->value_name("LIST"), "l1 (prefetcht0), l2 (prefetcht2), or l1,l2");
+      "prefetch-hint", po::value(&hints_s)->value_name("LIST"), "l1 (prefetcht0), l2 (prefetcht2), or l1,l2")(
+      "stagger", po::value(&stagger_s)->value_name("BYTES"),
+      "buffer k of a shard starts k x BYTES into its mapping (0: power-of-two spacing); default 2M");
   int rc = 0;
   if (!ParseOptions(argc, argv, desc, &rc)) return rc;
 
@@ -535,6 +563,7 @@ int RunAdam(int argc, char** argv) {
   }
   if (pfs.empty() || tiles.empty() || pins.empty() || hints.empty())
     BENCH_CHECK_OK(InvalidArgument("--prefetch, --prefetch-hint, --tile and --pin need at least one value each"));
+  const size_t stagger = stagger_s == "0" ? 0 : BENCH_VALUE(ParseCount(stagger_s));
   reps = std::max(reps, 3);
   const bool roof_avx2 = optim::IsaSupported(Isa::kAvx2);
 
@@ -545,6 +574,7 @@ int RunAdam(int argc, char** argv) {
   report.meta()["roof_kernel"] = roof_avx2 ? "avx2" : "sse2";
   report.meta()["thp_enabled"] = thp.empty() ? "unknown" : thp;
   report.meta()["thp_usable"] = TransparentHugePagesUsable();
+  report.meta()["stagger"] = stagger;
   std::cout << "strata-bench adam: " << f.brand << " (" << optim::CpuFeatureString(f) << "), " << all
             << " hardware threads; transparent huge pages: " << (thp.empty() ? "unknown" : thp)
             << (TransparentHugePagesUsable() ? "" : " (not usable by this process)") << "\n"
@@ -563,7 +593,7 @@ int RunAdam(int argc, char** argv) {
                       std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
           continue;
         }
-        Shard shard = MakeShard(n, cfg, hp, init_arena, tiles.front());
+        Shard shard = MakeShard(n, cfg, hp, stagger, init_arena, tiles.front());
         // What the kernel gave: the process's AnonHugePages against the
         // shard's bytes (the shard is nearly all of the process's memory).
         const double thp_share =

@@ -4,12 +4,13 @@
 # measuring (each stage has its own `timeout`; rows are written as they are
 # measured, so a stage cut short keeps what it got). Writes to $OUT:
 #   adam-sweep.log        machine facts (lscpu, THP settings, memory) and every stage's output
-#   adam-{main,tile,ds}.json   strata-bench adam rows (see bench/adam.cc)
+#   adam-<stage>.json   strata-bench adam rows (see bench/adam.cc)
 #   summary.txt           the best combinations per config and size
 # Stages:
 #   main  f16:f32:f16 (28 B/param), 64M and 200M params, all threads:
 #         huge pages on/off x pinning off/on x prefetch 0 and 256..4096 bytes (l1, l2)
 #   tile  f16:f32:f16, 200M: tile 4K..256K elements, without and with prefetch
+#   stagger0, stagger2052K  the array layout (see below)
 #   ds    f32:f32:none (DeepSpeed's cpu_adam configuration, 4.90 G params/s), 200M,
 #         8 and all threads: huge pages on/off x pinning off/on x prefetch 0/512/2048
 # The binary: $BENCH, else $BUILD/bin/strata-bench (BUILD=build-gpu, what
@@ -57,12 +58,19 @@ stage() {  # stage NAME TIMEOUT ARGS...
 # Sizes can be shrunk for a dry run elsewhere: SIZES=4M SIZE=4M scripts/adam-sweep.sh
 SIZES=${SIZES:-64M,200M}
 SIZE=${SIZE:-200M}
-stage main 110 --config f16:f32:f16 --sizes "$SIZES" --threads all --isa avx512 \
+stage main 90 --config f16:f32:f16 --sizes "$SIZES" --threads all --isa avx512 \
   --hugepages both --pin off,on --tile 16K --prefetch 0,256,512,1024,2048,4096 --prefetch-hint l1,l2
 stage tile 30 --config f16:f32:f16 --sizes "$SIZE" --threads all --isa avx512 \
   --hugepages on --tile 4K,16K,64K,256K --prefetch 0,1024 --prefetch-hint l2
-stage ds 45 --config f32:f32:none --sizes "$SIZE" --threads 8,all --isa avx512 \
+stage ds 35 --config f32:f32:none --sizes "$SIZE" --threads 8,all --isa avx512 \
   --hugepages both --pin off,on --tile 16K --prefetch 0,512,2048 --prefetch-hint l2
+
+# Array layout: every buffer 2 MiB-aligned back to back (stagger 0: arrays
+# spaced by exact powers of two) against a 2 MiB + 4 KiB stagger (the other
+# stages use 2M, like glibc's aligned_alloc). On the 2-core dev VM stagger 0
+# was 2-3x slower, for both the Adam pass and the roof.
+stage stagger0 25 --config f16:f32:f16 --sizes "$SIZE" --threads all --isa avx512 --hugepages both --stagger 0
+stage stagger2052K 25 --config f16:f32:f16 --sizes "$SIZE" --threads all --isa avx512 --hugepages both --stagger 2052K
 
 # The best rows per config and size, from the JSON (or, for a stage cut short
 # before its first JSON write, nothing).
