@@ -21,10 +21,30 @@
 //                          best of them is reported (STREAM's convention), and beside it
 //                          pair_ratio, the median over reps of (roof time / Adam time) of
 //                          back-to-back pairs, which a busy machine disturbs less
-//   --tile N               elements per task (CpuAdam tile_elems)
-//   --pin                  pin worker threads to cores (hwloc)
+//   --tile LIST            elements per task (CpuAdam tile_elems), e.g. 16K,64K
+//   --pin [off,on]         pin worker threads to cores (hwloc); `--pin` alone = on
+//   --hugepages on|off|both  buffers mapped 2 MiB-aligned with MADV_HUGEPAGE (on) or
+//                          MADV_NOHUGEPAGE (off), first touched by the worker threads
+//                          before any timing; the THP setting and the AnonHugePages
+//                          the process got are reported (meta, and "thp" per row:
+//                          the share of the buffers backed by huge pages)
+//   --prefetch LIST        software prefetch distance, bytes ahead per read stream
+//                          (CpuAdam prefetch_bytes), e.g. 0,512,2048; 0 = none
+//   --prefetch-hint LIST   l1 (prefetcht0), l2 (prefetcht2), or both: l1,l2
+//   --stagger BYTES        buffer k of a shard starts k x BYTES into its own mapping
+//                          (default 2M, like glibc's aligned_alloc; 0 = every array
+//                          2 MiB-aligned back to back, power-of-two spaced, which
+//                          measured 2-3x slower on the 2-core dev VM)
 //   --full                 the sweep: 1M..1G, threads 1,2,4,..,all, four configs
-//   --json FILE            also write the rows as JSON
+//   --json FILE            also write the rows as JSON (rewritten after every row, so
+//                          a run cut short by a timeout keeps what it measured)
+// Every variant (huge pages, prefetch, pinning, tile) applies to the roof
+// pass too, so each ratio is against a roof measured the same way. Beside
+// each row: plain STREAM figures over two fp32 arrays of N elements with the
+// same threads, tiles, pages and prefetch: "read" (sum; bytes read),
+// "copy" (b = a, non-temporal stores; bytes read + written) and "update"
+// (a += 1 in place; bytes read + written), the machine's raw bandwidth.
+// Each row is also printed to stderr as soon as it is measured.
 // Defaults finish in well under a minute on a 2-core machine.
 #include <sys/mman.h>
 #include <sys/sysinfo.h>
@@ -53,6 +73,7 @@
 #include "optim/cpu_adam.h"
 #include "optim/cpu_features.h"
 #include "tiers/half.h"
+#include "tiers/host_tier.h"
 
 namespace po = boost::program_options;
 
@@ -130,20 +151,35 @@ std::string CountName(size_t n) {
   return std::to_string(n);
 }
 
-// Host memory, 2 MiB aligned, with transparent huge pages asked for (fewer
-// TLB misses for both the Adam pass and the roof).
-struct FreeDeleter {
-  void operator()(void* p) const { std::free(p); }
+// Host memory: 2 MiB-aligned anonymous mappings with the huge-page advice of
+// the variant (tiers/host_tier.h), first touched by the worker threads.
+// Buffer k of a shard starts k x `stagger` bytes into its mapping: arrays
+// spaced by an exact power of two (what back-to-back 2 MiB-aligned mmaps of
+// 2^k-byte arrays give) can alias in the TLB, caches and DRAM banks, which
+// costs this pass up to 2-3x on some machines; glibc's aligned_alloc
+// staggers by 2 MiB + a page per array, which --stagger 2M reproduces.
+struct HostBuf {
+  HostMapping map;
+  uint8_t* p = nullptr;
+  void* data() const { return p; }
 };
-using HostBuf = std::unique_ptr<uint8_t, FreeDeleter>;
 
-HostBuf Alloc(size_t bytes) {
-  constexpr size_t kAlign = size_t{2} << 20;
-  size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, rounded);
-  if (!p) Die(OutOfMemory(TierKind::kHost, rounded, 0, "strata-bench adam buffer"), "aligned_alloc");
-  madvise(p, rounded, MADV_HUGEPAGE);
-  return HostBuf(static_cast<uint8_t*>(p));
+HostBuf Alloc(size_t bytes, HostHugePages hp, size_t offset) {
+  HostBuf b;
+  b.map = BENCH_VALUE(MapHostMemory(std::max<size_t>(bytes, 1) + offset, hp, /*prefault=*/false));
+  b.p = static_cast<uint8_t*>(b.map.data()) + offset;
+  return b;
+}
+
+template <class T = uint8_t>
+T* Ptr(const HostBuf& b) {
+  return reinterpret_cast<T*>(b.p);
+}
+
+// One software prefetch; hint 0 = prefetcht0, else prefetcht2.
+inline void Prefetch(const uint8_t* p, int hint) {
+  if (hint == 0) __builtin_prefetch(p, 0, 3);
+  else __builtin_prefetch(p, 0, 1);
 }
 
 // ---- the roof: the same arrays, the same bytes, trivial arithmetic ----------
@@ -155,7 +191,30 @@ struct RoofTile {
   const uint8_t* g; // (n) gs B, read
   uint8_t* out;     // (n) os B, written non-temporally (16-byte aligned), or null
   size_t n, ss, gs, os;
+  // Software prefetch like CpuAdam's: every read stream pf bytes ahead, one
+  // prefetch per line, groups below pf_stop only (inside the shard); pf 0: none.
+  size_t pf = 0;
+  size_t pf_stop = 0;
+  int hint = 1;
 };
+
+// Prefetches, for the 16-element group at i, the lines of the read streams
+// that start in it (a 16-bit stream's line every other group).
+inline void RoofPrefetch(const RoofTile& t, size_t i) {
+  Prefetch(t.p + i * 4 + t.pf, t.hint);
+  if ((i * t.ss) % 64 == 0) {
+    Prefetch(t.m + i * t.ss + t.pf, t.hint);
+    Prefetch(t.v + i * t.ss + t.pf, t.hint);
+  }
+  if ((i * t.gs) % 64 == 0) Prefetch(t.g + i * t.gs + t.pf, t.hint);
+}
+
+// The first group index (exclusive) whose prefetches stay inside the shard,
+// for a tile whose first element is `rest` elements from the shard's end.
+size_t PrefetchStop(size_t rest, size_t pf, size_t min_es, size_t group) {
+  const size_t ahead = group + (pf + min_es - 1) / min_es;
+  return rest > ahead ? rest - ahead + 1 : 0;
+}
 
 // 16 bytes at a time; n is a multiple of 64 except for the shard's last tile,
 // whose tail goes byte by byte. The gradient is folded into an accumulator
@@ -177,13 +236,15 @@ struct RoofOps<16> {
   }
 };
 
-uint64_t RoofTileSse(const RoofTile& t) {
+template <bool kPf>
+uint64_t RoofTileSseImpl(const RoofTile& t) {
   using O = RoofOps<16>;
   constexpr size_t kGroup = 16;  // elements per iteration: 64 B of p
   O::R acc = O::Zero();
   size_t i = 0;
   const size_t full = t.n - t.n % kGroup;
   for (; i < full; i += kGroup) {
+    if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 16) {
       O::R x = O::Add1(O::Load(t.p + i * 4 + b));
       O::Store(t.p + i * 4 + b, x);
@@ -207,13 +268,15 @@ uint64_t RoofTileSse(const RoofTile& t) {
   return folded;
 }
 
-__attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
+template <bool kPf>
+__attribute__((target("avx2"))) uint64_t RoofTileAvx2Impl(const RoofTile& t) {
   constexpr size_t kGroup = 16;  // 64 B of p
   __m256i acc = _mm256_setzero_si256();
   const __m256i one = _mm256_set1_epi32(1);
   size_t i = 0;
   const size_t full = t.n - t.n % kGroup;
   for (; i < full; i += kGroup) {
+    if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 32) {
       __m256i x = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.p + i * 4 + b)), one);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.p + i * 4 + b), x);
@@ -240,40 +303,54 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
   return folded;
 }
 
+// The loop without prefetch has no prefetch test in it.
+uint64_t RoofTileSse(const RoofTile& t) { return t.pf ? RoofTileSseImpl<true>(t) : RoofTileSseImpl<false>(t); }
+__attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
+  return t.pf ? RoofTileAvx2Impl<true>(t) : RoofTileAvx2Impl<false>(t);
+}
+
 // ---- one shard's buffers ------------------------------------------------------
 
 struct Shard {
   size_t n = 0;
   Config cfg;
   HostBuf master, m, v, grad, out;
+  HostBuf sa, sb;  // (n) fp32 each: the STREAM arrays
 
   optim::AdamShard View() const {
     optim::AdamShard s;
     s.n = n;
-    s.master = reinterpret_cast<float*>(master.get());
-    s.exp_avg = m.get();
-    s.exp_avg_sq = v.get();
+    s.master = Ptr<float>(master);
+    s.exp_avg = m.data();
+    s.exp_avg_sq = v.data();
     s.state_dtype = cfg.state;
-    s.grad = grad.get();
+    s.grad = grad.data();
     s.grad_dtype = cfg.grad;
-    s.param_out = cfg.has_out ? out.get() : nullptr;
+    s.param_out = cfg.has_out ? out.data() : nullptr;
     s.param_out_dtype = cfg.out;
     return s;
   }
 };
 
+size_t ShardBytes(size_t n, const Config& cfg) {
+  return n * (4 + 2 * DTypeSize(cfg.state) + DTypeSize(cfg.grad) + (cfg.has_out ? DTypeSize(cfg.out) : 0) + 8);
+}
+
 // Allocates and fills the shard with plausible values (first touch by the
 // threads of `arena`, in the tiles the passes will use).
-Shard MakeShard(size_t n, const Config& cfg, tbb::task_arena& arena, size_t tile) {
+Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, tbb::task_arena& arena,
+                size_t tile) {
   Shard s;
   s.n = n;
   s.cfg = cfg;
   const size_t ss = DTypeSize(cfg.state), gs = DTypeSize(cfg.grad), os = DTypeSize(cfg.out);
-  s.master = Alloc(n * 4);
-  s.m = Alloc(n * ss);
-  s.v = Alloc(n * ss);
-  s.grad = Alloc(n * gs);
-  s.out = Alloc(n * os);
+  s.master = Alloc(n * 4, hp, 0 * stagger);
+  s.m = Alloc(n * ss, hp, 1 * stagger);
+  s.v = Alloc(n * ss, hp, 2 * stagger);
+  s.grad = Alloc(n * gs, hp, 3 * stagger);
+  if (cfg.has_out) s.out = Alloc(n * os, hp, 4 * stagger);
+  s.sa = Alloc(n * 4, hp, 5 * stagger);
+  s.sb = Alloc(n * 4, hp, 6 * stagger);
   const size_t ntiles = (n + tile - 1) / tile;
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, ntiles, 1), [&](const tbb::blocked_range<size_t>& r) {
@@ -282,7 +359,7 @@ Shard MakeShard(size_t n, const Config& cfg, tbb::task_arena& arena, size_t tile
         for (size_t i = b; i < e; ++i) {
           uint32_t h = static_cast<uint32_t>(i * 2654435761u);
           float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
-          reinterpret_cast<float*>(s.master.get())[i] = 2.f * u - 1.f;
+          Ptr<float>(s.master)[i] = 2.f * u - 1.f;
           auto put = [&](uint8_t* base, DType t, float x) {
             if (t == DType::kF32) std::memcpy(base + 4 * i, &x, 4);
             else {
@@ -290,41 +367,95 @@ Shard MakeShard(size_t n, const Config& cfg, tbb::task_arena& arena, size_t tile
               std::memcpy(base + 2 * i, &b16, 2);
             }
           };
-          put(s.m.get(), cfg.state, 1e-3f * (u - 0.5f));
-          put(s.v.get(), cfg.state, 1e-5f * u);
-          put(s.grad.get(), cfg.grad, 0.01f * (0.5f - u));
+          put(Ptr(s.m), cfg.state, 1e-3f * (u - 0.5f));
+          put(Ptr(s.v), cfg.state, 1e-5f * u);
+          put(Ptr(s.grad), cfg.grad, 0.01f * (0.5f - u));
         }
-        std::memset(s.out.get() + b * os, 0, (e - b) * os);
+        if (cfg.has_out) std::memset(Ptr(s.out) + b * os, 0, (e - b) * os);
+        std::memset(Ptr(s.sa) + b * 4, 1, (e - b) * 4);
+        std::memset(Ptr(s.sb) + b * 4, 0, (e - b) * 4);
       }
     }, tbb::static_partitioner());
   });
   return s;
 }
 
-// The roof pass over the shard's arrays, tiled like CpuAdam.
-uint64_t RoofPass(Shard& s, tbb::task_arena& arena, int threads, size_t tile, bool avx2) {
+// The roof pass over the shard's arrays, on the Adam engine's threads and
+// tiles, with its prefetch settings.
+uint64_t RoofPass(Shard& s, const optim::CpuAdam& adam, bool avx2) {
   const size_t ss = DTypeSize(s.cfg.state), gs = DTypeSize(s.cfg.grad), os = DTypeSize(s.cfg.out);
-  const size_t ntiles = (s.n + tile - 1) / tile;
-  auto run = [&](size_t t) {
-    size_t b = t * tile, len = std::min(s.n, b + tile) - b;
-    RoofTile rt{s.master.get() + b * 4, s.m.get() + b * ss, s.v.get() + b * ss, s.grad.get() + b * gs,
-                s.cfg.has_out ? s.out.get() + b * os : nullptr, len, ss, gs, os};
-    return avx2 ? RoofTileAvx2(rt) : RoofTileSse(rt);
-  };
+  const size_t tile = adam.tile_elems(), ntiles = (s.n + tile - 1) / tile;
+  const size_t pf = adam.prefetch_bytes();
+  const int hint = adam.prefetch_hint() == optim::PrefetchHint::kL1 ? 0 : 1;
   std::atomic<uint64_t> sink{0};
-  if (threads <= 1 || ntiles <= 1) {
-    uint64_t x = 0;
-    for (size_t t = 0; t < ntiles; ++t) x ^= run(t);
-    return x;
-  }
-  arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, ntiles, 1), [&](const tbb::blocked_range<size_t>& r) {
-      uint64_t x = 0;
-      for (size_t t = r.begin(); t != r.end(); ++t) x ^= run(t);
-      sink.fetch_xor(x, std::memory_order_relaxed);
-    }, tbb::static_partitioner());
+  adam.RunTiles(ntiles, [&](size_t t) {
+    size_t b = t * tile, len = std::min(s.n, b + tile) - b;
+    RoofTile rt{Ptr(s.master) + b * 4, Ptr(s.m) + b * ss, Ptr(s.v) + b * ss, Ptr(s.grad) + b * gs,
+                s.cfg.has_out ? Ptr(s.out) + b * os : nullptr, len, ss, gs, os};
+    rt.pf = pf;
+    rt.pf_stop = pf ? PrefetchStop(s.n - b, pf, std::min(ss, gs), 32) : 0;  // a line of 16-bit = 32
+    rt.hint = hint;
+    // Relaxed: a sink that keeps the reads alive; RunTiles' join orders it.
+    sink.fetch_xor(avx2 ? RoofTileAvx2(rt) : RoofTileSse(rt), std::memory_order_relaxed);
   });
-  return sink.load();
+  return sink.load(std::memory_order_relaxed);
+}
+
+// ---- plain STREAM figures: read, copy (non-temporal), update in place ---------
+
+enum class StreamKind { kRead, kCopy, kUpdate };
+
+// One tile of n fp32 elements (n a multiple of 16 except in the last tile;
+// the tail goes element by element). pf / pf_stop / hint as in RoofTile.
+uint64_t StreamTile(StreamKind k, uint8_t* a, uint8_t* b, size_t n, size_t pf, size_t pf_stop, int hint) {
+  __m128i acc = _mm_setzero_si128();
+  const __m128i one = _mm_set1_epi32(1);
+  size_t i = 0;
+  const size_t full = n - n % 16;
+  for (; i < full; i += 16) {  // 64 bytes of a
+    if (pf && i < pf_stop) Prefetch(a + i * 4 + pf, hint);
+    for (size_t o = 0; o < 64; o += 16) {
+      __m128i x = _mm_load_si128(reinterpret_cast<const __m128i*>(a + i * 4 + o));
+      switch (k) {
+        case StreamKind::kRead: acc = _mm_xor_si128(acc, x); break;
+        case StreamKind::kCopy: _mm_stream_si128(reinterpret_cast<__m128i*>(b + i * 4 + o), x); break;
+        case StreamKind::kUpdate: _mm_store_si128(reinterpret_cast<__m128i*>(a + i * 4 + o), _mm_add_epi32(x, one)); break;
+      }
+    }
+  }
+  uint64_t folded = static_cast<uint64_t>(_mm_cvtsi128_si64(acc)) ^
+                    static_cast<uint64_t>(_mm_cvtsi128_si64(_mm_unpackhi_epi64(acc, acc)));
+  for (; i < n; ++i) {
+    uint32_t x;
+    std::memcpy(&x, a + i * 4, 4);
+    if (k == StreamKind::kRead) folded ^= x;
+    else if (k == StreamKind::kCopy) std::memcpy(b + i * 4, &x, 4);
+    else ++x, std::memcpy(a + i * 4, &x, 4);
+  }
+  if (k == StreamKind::kCopy) _mm_sfence();
+  return folded;
+}
+
+// Best GB/s of `reps` passes of kind k over the shard's STREAM arrays.
+double StreamFigure(StreamKind k, Shard& s, const optim::CpuAdam& adam, int reps, uint64_t* sink) {
+  const size_t tile = adam.tile_elems(), ntiles = (s.n + tile - 1) / tile;
+  const size_t pf = adam.prefetch_bytes();
+  const int hint = adam.prefetch_hint() == optim::PrefetchHint::kL1 ? 0 : 1;
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    std::atomic<uint64_t> x{0};
+    double t0 = NowSeconds();
+    adam.RunTiles(ntiles, [&](size_t t) {
+      size_t b = t * tile, len = std::min(s.n, b + tile) - b;
+      size_t stop = pf ? PrefetchStop(s.n - b, pf, 4, 16) : 0;
+      x.fetch_xor(StreamTile(k, Ptr(s.sa) + b * 4, Ptr(s.sb) + b * 4, len, pf, stop, hint),
+                  std::memory_order_relaxed);  // a sink; RunTiles' join orders it
+    });
+    best = std::min(best, NowSeconds() - t0);
+    *sink ^= x.load(std::memory_order_relaxed);
+  }
+  const double bytes = static_cast<double>(s.n) * 4 * (k == StreamKind::kRead ? 1 : 2);
+  return bytes / best / 1e9;
 }
 
 volatile uint64_t g_roof_sink = 0;
@@ -335,13 +466,22 @@ size_t AvailableBytes() {
   return static_cast<size_t>(si.freeram + si.bufferram) * si.mem_unit;
 }
 
+// One software-prefetch variant: distance and hint.
+struct Prefetching {
+  size_t bytes = 0;
+  optim::PrefetchHint hint = optim::PrefetchHint::kL2;
+  std::string name() const {
+    return bytes == 0 ? "0" : std::to_string(bytes) + "/" + std::string(optim::PrefetchHintName(hint));
+  }
+};
+
 int RunAdam(int argc, char** argv) {
   CommonOptions common;
-  std::string sizes_s = "1M,16M,64M", threads_s, isa_s = "all";
+  std::string sizes_s = "1M,16M,64M", threads_s, isa_s = "all", tiles_s = "16K", pin_s = "off";
+  std::string hugepages_s = "on", prefetch_s = "0", hints_s = "l2";
   std::vector<std::string> configs_s;
+  std::string stagger_s = "2M";
   int reps = 10;
-  size_t tile = 16 * 1024;
-  bool pin = false;
   po::options_description desc("strata-bench adam: the CPU Adam step against the host memory roof");
   AddCommonOptions(desc, common);
   desc.add_options()("sizes", po::value(&sizes_s)->value_name("LIST"), "parameters per shard, e.g. 1M,16M,64M (2^20)")(
@@ -350,8 +490,16 @@ int RunAdam(int argc, char** argv) {
       "config", po::value(&configs_s)->value_name("G:S:C"),
       "grad:state:copy dtypes, e.g. f16:f32:f16 (default), f32:f32:none; repeatable")(
       "reps", po::value(&reps)->value_name("N"), "maximum timed repetitions per row (>= 3; a row stops after 2 s)")(
-      "tile", po::value(&tile)->value_name("N"), "elements per task (multiple of 64)")(
-      "pin", po::bool_switch(&pin), "pin worker threads to cores (hwloc)");
+      "tile", po::value(&tiles_s)->value_name("LIST"), "elements per task (multiples of 64), e.g. 16K,64K")(
+      "pin", po::value(&pin_s)->value_name("LIST")->implicit_value("on"),
+      "pin worker threads to cores (hwloc): off, on or off,on; --pin alone = on")(
+      "hugepages", po::value(&hugepages_s)->value_name("on|off|both"),
+      "buffers with MADV_HUGEPAGE, 2 MiB-aligned (on), MADV_NOHUGEPAGE (off), or both")(
+      "prefetch", po::value(&prefetch_s)->value_name("LIST"),
+      "software prefetch distances, bytes ahead per read stream (multiples of 64), e.g. 0,512,2048")(
+      "prefetch-hint", po::value(&hints_s)->value_name("LIST"), "l1 (prefetcht0), l2 (prefetcht2), or l1,l2")(
+      "stagger", po::value(&stagger_s)->value_name("BYTES"),
+      "buffer k of a shard starts k x BYTES into its mapping (0: power-of-two spacing); default 2M");
   int rc = 0;
   if (!ParseOptions(argc, argv, desc, &rc)) return rc;
 
@@ -386,92 +534,159 @@ int RunAdam(int argc, char** argv) {
       isas.push_back(BENCH_VALUE(optim::ResolveIsa(isa)));
     }
   }
+  std::vector<size_t> tiles;
+  for (const auto& t : SplitComma(tiles_s)) tiles.push_back(BENCH_VALUE(ParseCount(t)));
+  std::vector<bool> pins;
+  for (const auto& p : SplitComma(pin_s)) {
+    if (p != "on" && p != "off") BENCH_CHECK_OK(InvalidArgument("--pin wants off, on or off,on; got '" + p + "'"));
+    pins.push_back(p == "on");
+  }
+  std::vector<HostHugePages> hps;
+  if (hugepages_s == "on") hps = {HostHugePages::kAligned};
+  else if (hugepages_s == "off") hps = {HostHugePages::kOff};
+  else if (hugepages_s == "both") hps = {HostHugePages::kAligned, HostHugePages::kOff};
+  else BENCH_CHECK_OK(InvalidArgument("--hugepages wants on, off or both; got '" + hugepages_s + "'"));
+  std::vector<optim::PrefetchHint> hints;
+  for (const auto& h : SplitComma(hints_s)) {
+    if (h == "l1" || h == "t0") hints.push_back(optim::PrefetchHint::kL1);
+    else if (h == "l2" || h == "t2") hints.push_back(optim::PrefetchHint::kL2);
+    else BENCH_CHECK_OK(InvalidArgument("--prefetch-hint wants l1, l2 or l1,l2; got '" + h + "'"));
+  }
+  std::vector<Prefetching> pfs;
+  for (const auto& d : SplitComma(prefetch_s)) {
+    size_t bytes = d == "0" ? 0 : BENCH_VALUE(ParseCount(d));
+    if (bytes == 0) {
+      pfs.push_back({});
+      continue;
+    }
+    for (auto h : hints) pfs.push_back({bytes, h});
+  }
+  if (pfs.empty() || tiles.empty() || pins.empty() || hints.empty())
+    BENCH_CHECK_OK(InvalidArgument("--prefetch, --prefetch-hint, --tile and --pin need at least one value each"));
+  const size_t stagger = stagger_s == "0" ? 0 : BENCH_VALUE(ParseCount(stagger_s));
   reps = std::max(reps, 3);
   const bool roof_avx2 = optim::IsaSupported(Isa::kAvx2);
 
   Report report("adam");
   const auto& f = optim::DetectCpuFeatures();
+  const std::string thp = TransparentHugePagesSetting();
   report.meta()["cpu_features"] = optim::CpuFeatureString(f);
-  report.meta()["tile_elems"] = tile;
-  report.meta()["pinned"] = pin;
   report.meta()["roof_kernel"] = roof_avx2 ? "avx2" : "sse2";
+  report.meta()["thp_enabled"] = thp.empty() ? "unknown" : thp;
+  report.meta()["thp_usable"] = TransparentHugePagesUsable();
+  report.meta()["stagger"] = stagger;
   std::cout << "strata-bench adam: " << f.brand << " (" << optim::CpuFeatureString(f) << "), " << all
-            << " hardware threads\n"
+            << " hardware threads; transparent huge pages: " << (thp.empty() ? "unknown" : thp)
+            << (TransparentHugePagesUsable() ? "" : " (not usable by this process)") << "\n"
             << "  value = GB/s the Adam pass must move; baseline = roof pass over the same arrays and bytes, "
-               "same threads and tiles\n";
+               "same threads, tiles, pages and prefetch; read/copy/update = plain STREAM GB/s, same setup\n";
 
   tbb::task_arena init_arena(all);
+  uint64_t sink = 0;
   for (const Config& cfg : configs) {
     const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
-    for (size_t n : sizes) {
-      size_t need = n * (4 + 2 * DTypeSize(cfg.state) + DTypeSize(cfg.grad) + DTypeSize(cfg.out));
-      if (need > AvailableBytes() / 10 * 8) {
-        report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
-                    std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
-        continue;
-      }
-      Shard shard = MakeShard(n, cfg, init_arena, tile);
-      for (int t : threads) {
-        tbb::task_arena roof_arena(t);
-        for (Isa isa : isas) {
-          optim::CpuAdam::Options o;
-          o.isa = isa;
-          o.threads = t;
-          o.tile_elems = tile;
-          o.pin_threads = pin;
-          auto adam = BENCH_VALUE(optim::CpuAdam::Create(o));
-          optim::AdamHyper h;
-          h.weight_decay = 0.01;
-          uint64_t sink = 0;
-          auto adam_pass = [&](int64_t step) {
-            h.step = step;
-            double t0 = NowSeconds();
-            auto r = adam->Step(shard.View(), h, {.grad_scale = 1.0 / 1024});
-            double dt = NowSeconds() - t0;
-            BENCH_CHECK_OK(r.status());
-            return dt;
-          };
-          auto roof_pass = [&] {
-            double t0 = NowSeconds();
-            sink ^= RoofPass(shard, roof_arena, t, tile, roof_avx2);
-            return NowSeconds() - t0;
-          };
-          adam_pass(1);  // warm up: pages, caches, thread pool
-          roof_pass();
-          std::vector<double> ta, tr;
-          double spent = 0;
-          for (int r = 0; r < reps && (r < 3 || spent < 2.0); ++r) {
-            ta.push_back(adam_pass(r + 2));
-            tr.push_back(roof_pass());
-            spent += ta.back() + tr.back();
+    for (HostHugePages hp : hps) {
+      for (size_t n : sizes) {
+        const size_t need = ShardBytes(n, cfg);
+        if (need > AvailableBytes() / 10 * 8) {
+          report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
+                      std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
+          continue;
+        }
+        Shard shard = MakeShard(n, cfg, hp, stagger, init_arena, tiles.front());
+        // What the kernel gave: the process's AnonHugePages against the
+        // shard's bytes (the shard is nearly all of the process's memory).
+        const double thp_share =
+            static_cast<double>(ProcessAnonHugePages().value_or(0)) / static_cast<double>(need);
+        report.meta()["anon_huge_pages"][cfg.name() + "/" + std::string(HostHugePagesName(hp)) + "/" +
+                                         CountName(n)] = ProcessAnonHugePages().value_or(0);
+        for (int t : threads) {
+          for (bool pin : pins) {
+            for (size_t tile : tiles) {
+              for (const Prefetching& pf : pfs) {
+                // The STREAM figures depend on the setup, not on the ISA path.
+                double read = 0, copy = 0, update = 0;
+                for (size_t k = 0; k < isas.size(); ++k) {
+                  const Isa isa = isas[k];
+                  optim::CpuAdam::Options o;
+                  o.isa = isa;
+                  o.threads = t;
+                  o.tile_elems = tile;
+                  o.pin_threads = pin;
+                  o.prefetch_bytes = pf.bytes;
+                  o.prefetch_hint = pf.hint;
+                  auto adam = BENCH_VALUE(optim::CpuAdam::Create(o));
+                  if (k == 0) {
+                    read = StreamFigure(StreamKind::kRead, shard, *adam, 3, &sink);
+                    copy = StreamFigure(StreamKind::kCopy, shard, *adam, 3, &sink);
+                    update = StreamFigure(StreamKind::kUpdate, shard, *adam, 3, &sink);
+                  }
+                  optim::AdamHyper h;
+                  h.weight_decay = 0.01;
+                  auto adam_pass = [&](int64_t step) {
+                    h.step = step;
+                    double t0 = NowSeconds();
+                    auto r = adam->Step(shard.View(), h, {.grad_scale = 1.0 / 1024});
+                    double dt = NowSeconds() - t0;
+                    BENCH_CHECK_OK(r.status());
+                    return dt;
+                  };
+                  auto roof_pass = [&] {
+                    double t0 = NowSeconds();
+                    sink ^= RoofPass(shard, *adam, roof_avx2);
+                    return NowSeconds() - t0;
+                  };
+                  adam_pass(1);  // warm up: pages, caches, thread pool
+                  roof_pass();
+                  std::vector<double> ta, tr;
+                  double spent = 0;
+                  for (int r = 0; r < reps && (r < 3 || spent < 2.0); ++r) {
+                    ta.push_back(adam_pass(r + 2));
+                    tr.push_back(roof_pass());
+                    spent += ta.back() + tr.back();
+                  }
+                  // Best of the repetitions, as STREAM reports: on a shared machine
+                  // the slow ones measure the neighbours, not the pass.
+                  const double sa = *std::min_element(ta.begin(), ta.end());
+                  const double sr = *std::min_element(tr.begin(), tr.end());
+                  const double gbs = static_cast<double>(n) * static_cast<double>(bpp) / sa / 1e9;
+                  const double roof = static_cast<double>(n) * static_cast<double>(bpp) / sr / 1e9;
+                  nlohmann::json row;
+                  row["config"] = cfg.name();
+                  row["params"] = CountName(n);
+                  row["hp"] = std::string(hp == HostHugePages::kOff ? "off" : "on");
+                  row["thp"] = thp_share;
+                  row["threads"] = t;
+                  row["pin"] = pin;
+                  row["tile"] = CountName(tile);
+                  row["pf"] = pf.name();
+                  row["isa"] = std::string(optim::IsaName(isa));
+                  row["Gparam/s"] = static_cast<double>(n) / sa / 1e9;
+                  std::vector<double> pair_ratios;  // each Adam rep against the roof rep right after it
+                  for (size_t r = 0; r < ta.size(); ++r) pair_ratios.push_back(tr[r] / ta[r]);
+                  row["pair_ratio"] = Median(pair_ratios);
+                  row["read"] = read;
+                  row["copy"] = copy;
+                  row["update"] = update;
+                  row["B/param"] = bpp;
+                  row["unit"] = "GB/s";
+                  row["baseline_name"] = "roof";
+                  row = Report::WithRatio(row, gbs, roof);
+                  std::cerr << "row " << row.dump() << "\n";
+                  report.Add(row);
+                  BENCH_CHECK_OK(report.WriteJson(common.json_path));
+                }
+              }
+            }
           }
-          // Best of the repetitions, as STREAM reports: on a shared machine
-          // the slow ones measure the neighbours, not the pass.
-          const double sa = *std::min_element(ta.begin(), ta.end());
-          const double sr = *std::min_element(tr.begin(), tr.end());
-          const double gbs = static_cast<double>(n) * static_cast<double>(bpp) / sa / 1e9;
-          const double roof = static_cast<double>(n) * static_cast<double>(bpp) / sr / 1e9;
-          nlohmann::json row;
-          row["config"] = cfg.name();
-          row["params"] = CountName(n);
-          row["threads"] = t;
-          row["isa"] = std::string(optim::IsaName(isa));
-          row["Gparam/s"] = static_cast<double>(n) / sa / 1e9;
-          std::vector<double> pair_ratios;  // each Adam rep against the roof rep right after it
-          for (size_t r = 0; r < ta.size(); ++r) pair_ratios.push_back(tr[r] / ta[r]);
-          row["pair_ratio"] = Median(pair_ratios);
-          row["B/param"] = bpp;
-          row["unit"] = "GB/s";
-          row["baseline_name"] = "roof";
-          row = Report::WithRatio(row, gbs, roof);
-          report.Add(row);
-          g_roof_sink = g_roof_sink ^ sink;  // keeps the roof's gradient reads alive
         }
       }
     }
   }
+  g_roof_sink = g_roof_sink ^ sink;  // keeps the roof's and STREAM's reads alive
   report.Note("target: ratio >= 0.90 for >= 64M params; GPU host (16 cores): >= 5 G params/s for f16:f32:f16 "
               "(DeepSpeed cpu_adam AVX-512: 4.90 G params/s on 200M fp32 params, without the copy-out)");
+  report.Note("thp = AnonHugePages of the process / the shard's bytes, after first touch");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
   return 0;

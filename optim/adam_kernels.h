@@ -28,7 +28,19 @@ struct AdamTile {
   // The copy may be written with non-temporal stores: `out` is 64-byte
   // aligned and n is a multiple of 64 or this is the shard's last tile.
   bool stream_out;
+  // Software prefetch (CpuAdam::Options::prefetch_bytes): every read stream
+  // (master, m, v, grad) is prefetched this many bytes ahead of where the
+  // loop reads it, one prefetch per cache line; 0: none. A multiple of 64.
+  size_t prefetch_bytes;
+  // Elements from the tile's first to the shard's end: prefetches run into
+  // the next tile (the same thread's, with the static partition) but never
+  // past the shard.
+  size_t prefetch_n;
+  // kPrefetchL1 (prefetcht0) or kPrefetchL2 (prefetcht2).
+  int prefetch_hint;
 };
+
+enum : int { kPrefetchL1 = 0, kPrefetchL2 = 1 };
 
 // Updates the tile; returns the number of non-finite gradient values.
 using AdamTileFn = uint64_t (*)(const AdamTile& tile);

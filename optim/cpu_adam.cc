@@ -34,6 +34,8 @@ std::string Num(double x) {
 
 bool Finite(double x) { return std::isfinite(x); }
 
+constexpr size_t kMaxPrefetchBytes = size_t{64} << 10;
+
 // Elements per tile of ComputeGradStats: fixed, so that the sum's rounding
 // does not depend on the options or the thread count.
 constexpr size_t kStatsTile = size_t{1} << 16;
@@ -268,6 +270,14 @@ struct CpuAdam::Impl {
 
 CpuAdam::~CpuAdam() = default;
 
+std::string_view PrefetchHintName(PrefetchHint h) {
+  switch (h) {
+    case PrefetchHint::kL1: return "l1";
+    case PrefetchHint::kL2: return "l2";
+  }
+  return "?";
+}
+
 bool CpuAdam::pinned() const { return impl_ && impl_->pin != nullptr; }
 
 Result<std::unique_ptr<CpuAdam>> CpuAdam::Create(const Options& o) {
@@ -275,10 +285,17 @@ Result<std::unique_ptr<CpuAdam>> CpuAdam::Create(const Options& o) {
   if (o.tile_elems < 64 || o.tile_elems > (size_t{1} << 24) || o.tile_elems % 64 != 0)
     return InvalidArgument("CpuAdam tile_elems must be a multiple of 64 in [64, 2^24], got " +
                            std::to_string(o.tile_elems));
+  if (o.prefetch_bytes % 64 != 0 || o.prefetch_bytes > kMaxPrefetchBytes)
+    return InvalidArgument("CpuAdam prefetch_bytes must be a multiple of 64 in [0, 65536], got " +
+                           std::to_string(o.prefetch_bytes));
+  if (o.prefetch_hint != PrefetchHint::kL1 && o.prefetch_hint != PrefetchHint::kL2)
+    return InvalidArgument("CpuAdam prefetch_hint is neither kL1 nor kL2");
   ASSIGN_OR_RETURN(Isa isa, ResolveIsa(o.isa));
   std::unique_ptr<CpuAdam> a(new CpuAdam());
   a->isa_ = isa;
   a->tile_elems_ = o.tile_elems;
+  a->prefetch_bytes_ = o.prefetch_bytes;
+  a->prefetch_hint_ = o.prefetch_hint;
   a->threads_ = o.threads > 0 ? o.threads : tbb::info::default_concurrency();
   a->impl_ = std::make_unique<Impl>();
   a->impl_->table = &TableFor(isa);
@@ -340,6 +357,9 @@ Result<AdamStepResult> CpuAdam::Step(const AdamShard& s, const AdamHyper& hyper,
     t.out = s.param_out ? static_cast<unsigned char*>(s.param_out) + begin * os : nullptr;
     t.n = len;
     t.stream_out = stream;
+    t.prefetch_bytes = prefetch_bytes_;
+    t.prefetch_n = s.n - begin;
+    t.prefetch_hint = prefetch_hint_ == PrefetchHint::kL1 ? internal::kPrefetchL1 : internal::kPrefetchL2;
     return fn(t);
   };
   // Elements before the copy's first 64-byte boundary go through a plain-store
@@ -362,6 +382,13 @@ Result<AdamStepResult> CpuAdam::Step(const AdamShard& s, const AdamHyper& hyper,
   });
   result.nonfinite_grads = nonfinite;
   return result;
+}
+
+void CpuAdam::RunTiles(size_t ntiles, const std::function<void(size_t tile)>& f) const {
+  impl_->ForEachTile(ntiles, threads_, [&](size_t t) -> uint64_t {
+    f(t);
+    return 0;
+  });
 }
 
 Result<GradStats> CpuAdam::ComputeGradStats(const void* grad, DType dtype, size_t n) const {

@@ -93,11 +93,33 @@
 //   gradient read 4/2, parameter copy written 2/4 (non-temporal stores: no
 //   read for ownership). fp32 state + fp16 grad + fp16 copy = 28 bytes.
 //   (AdamBytesPerParam computes it.)
+//
+// ## Reaching the memory roof: what the pass does, what the caller does
+//
+// The pass is bandwidth-bound: 8 streams per thread (4 read, 3 written in
+// place, 1 written non-temporally). What decides how much of the machine's
+// bandwidth it gets, besides the code:
+//  - Pages: with 4 KiB pages each stream crosses a page every 64 lines (dTLB
+//    misses, and the L2 streamer stops at every page boundary). Allocate the
+//    arrays 2 MiB-aligned with MADV_HUGEPAGE before first touch:
+//    tiers/host_tier.h MapHostMemory, or HostTierOptions::huge_pages =
+//    kAligned for the host tier.
+//  - Placement: touch the pages first from the threads that will update them
+//    (RunTiles runs a function on exactly Step's threads and partition);
+//    Options::pin_threads keeps them there.
+//  - Memory-level parallelism: Options::prefetch_bytes adds software
+//    prefetches ahead of the hardware prefetchers (a hint; no effect on any
+//    result).
+// strata-bench adam measures every combination against a roof pass with the
+// same byte pattern, set up the same way; scripts/adam-sweep.sh is the sweep
+// that picks the defaults.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string_view>
 
 #include "kernels/adam_gpu.h"
 #include "optim/cpu_features.h"
@@ -167,6 +189,13 @@ struct AdamStepResult {
   bool skipped = false;          // true: nothing was written (skip_on_nonfinite found some)
 };
 
+// Where software prefetches put the line (CpuAdam::Options::prefetch_bytes).
+enum class PrefetchHint : uint8_t {
+  kL1,  // prefetcht0: into L1 (and L2); holds a line fill buffer until the data arrive
+  kL2,  // prefetcht2: into L2 only; the L2's larger miss queue keeps more lines in flight
+};
+std::string_view PrefetchHintName(PrefetchHint h);  // "l1", "l2"
+
 // The CPU Adam engine: a thread pool (a oneTBB arena of `threads` threads,
 // optionally pinned to cores with hwloc) and the chosen code path. Holds no
 // optimizer state; the caller owns all arrays.
@@ -181,6 +210,17 @@ class CpuAdam {
     size_t tile_elems = 16 * 1024;   // elements per task (a multiple of 64, 64..2^24)
     bool pin_threads = false;        // bind worker threads to cores (hwloc)
     int numa_node = -1;              // with pin_threads: only cores of this NUMA node (-1: any)
+    // Software prefetch distance in bytes (a multiple of 64, at most 64 KiB;
+    // 0: none, the hardware prefetchers only). Each read stream (master, m,
+    // v, gradient) is prefetched this many bytes ahead of where the pass
+    // reads it, one prefetch per 64-byte line, never past the shard's end;
+    // the copy is written non-temporally and not prefetched. Meant to raise
+    // the memory-level parallelism of a core beyond what its L2 streamer
+    // keeps in flight across 4 KiB page boundaries. A hint only: results are
+    // bitwise the same for every distance and hint (tests/optim).
+    // Default 0 until `scripts/adam-sweep.sh` on the GPU host says otherwise.
+    size_t prefetch_bytes = 0;
+    PrefetchHint prefetch_hint = PrefetchHint::kL2;
   };
 
   // Unavailable when the requested path is not supported here (naming the
@@ -202,9 +242,19 @@ class CpuAdam {
   // `dtype` (kF32, kF16, kBF16). Writes nothing. Deterministic (see above).
   Result<GradStats> ComputeGradStats(const void* grad, DType dtype, size_t n) const;
 
+  // Runs f(tile) for every tile in [0, ntiles) on this engine's threads, with
+  // the partition Step uses (contiguous runs of tiles per thread, pinned if
+  // asked); returns when all are done. For work that must share Step's
+  // threads and placement: first-touch initialization of the state, and the
+  // memory roof that strata-bench adam measures beside Step. f must be safe
+  // to call concurrently for different tiles.
+  void RunTiles(size_t ntiles, const std::function<void(size_t tile)>& f) const;
+
   Isa isa() const { return isa_; }
   int threads() const { return threads_; }
   size_t tile_elems() const { return tile_elems_; }
+  size_t prefetch_bytes() const { return prefetch_bytes_; }
+  PrefetchHint prefetch_hint() const { return prefetch_hint_; }
   bool pinned() const;
 
  private:
@@ -213,6 +263,8 @@ class CpuAdam {
   Isa isa_ = Isa::kScalar;
   int threads_ = 1;
   size_t tile_elems_ = 0;
+  size_t prefetch_bytes_ = 0;
+  PrefetchHint prefetch_hint_ = PrefetchHint::kL2;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -1,10 +1,12 @@
 #include "tiers/host_tier.h"
 
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/sysinfo.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <cstdlib>
 #include <fstream>
@@ -61,6 +63,149 @@ Status MlockError(int err, uint64_t bytes) {
   return Status(std::move(rep));
 }
 }  // namespace
+
+// ---- huge pages ------------------------------------------------------------------
+
+namespace {
+
+constexpr uint64_t kHugePage = uint64_t{2} << 20;
+
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23  // Linux 5.14
+#endif
+
+Status MmapError(uint64_t bytes, int err, const char* what) {
+  Status::Rep rep;
+  rep.code = StatusCode::kOutOfMemory;
+  rep.message = std::string("mmap of ") + FormatBytes(bytes) + " of host memory (" + what + ") failed (" +
+                ErrName(err) + ")";
+  rep.sys_errno = err;
+  rep.tier = TierKind::kHost;
+  rep.bytes_requested = bytes;
+  return Status(std::move(rep));
+}
+
+// mmap(bytes) at a multiple of `align` (a power of two >= the page size):
+// maps bytes + align - 4096 and gives back the ends.
+Result<void*> MmapAligned(uint64_t bytes, uint64_t align, const char* what) {
+  const uint64_t span = bytes + align - 4096;
+  void* p = mmap(nullptr, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return MmapError(bytes, errno, what);
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t a = (b + align - 1) & ~(align - 1);
+  if (a > b) munmap(p, a - b);
+  const uintptr_t end = b + span, aend = a + bytes;
+  if (end > aend) munmap(reinterpret_cast<void*>(aend), end - aend);
+  return reinterpret_cast<void*>(a);
+}
+
+// The huge-page advice; failure only loses the hint (EINVAL on kernels
+// without THP), so it is not an error.
+void AdviseHugePages(void* p, uint64_t bytes, HostHugePages h) {
+  if (h == HostHugePages::kOff) (void)madvise(p, bytes, MADV_NOHUGEPAGE);
+  else (void)madvise(p, bytes, MADV_HUGEPAGE);
+}
+
+// Faults every page in by writing it (MADV_POPULATE_WRITE where the kernel
+// has it, else a store per 4 KiB page; anonymous pages read as zero, so
+// writing zero changes nothing).
+void Prefault(void* p, uint64_t bytes) {
+  if (madvise(p, bytes, MADV_POPULATE_WRITE) == 0) return;
+  volatile unsigned char* c = static_cast<volatile unsigned char*>(p);
+  for (uint64_t o = 0; o < bytes; o += 4096) c[o] = 0;
+}
+
+// The kB figure of the first line starting with `key` in `in`.
+Result<uint64_t> ReadKbField(std::istream& in, const std::string& key, const char* file) {
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(key, 0) == 0) return std::strtoull(line.c_str() + key.size(), nullptr, 10) * 1024;
+  return NotFound(std::string(file) + " has no " + key + " line");
+}
+
+}  // namespace
+
+std::string_view HostHugePagesName(HostHugePages h) {
+  switch (h) {
+    case HostHugePages::kAdvise: return "advise";
+    case HostHugePages::kAligned: return "aligned";
+    case HostHugePages::kOff: return "off";
+  }
+  return "?";
+}
+
+HostMapping::HostMapping(HostMapping&& o) noexcept : data_(o.data_), bytes_(o.bytes_) {
+  o.data_ = nullptr;
+  o.bytes_ = 0;
+}
+
+HostMapping& HostMapping::operator=(HostMapping&& o) noexcept {
+  if (this != &o) {
+    if (data_) munmap(data_, bytes_);
+    data_ = o.data_;
+    bytes_ = o.bytes_;
+    o.data_ = nullptr;
+    o.bytes_ = 0;
+  }
+  return *this;
+}
+
+HostMapping::~HostMapping() {
+  if (data_) munmap(data_, bytes_);
+}
+
+Result<HostMapping> MapHostMemory(uint64_t bytes, HostHugePages huge_pages, bool prefault) {
+  if (bytes == 0) return InvalidArgument("MapHostMemory: 0 bytes asked for");
+  const uint64_t rounded = AlignUp(bytes, 4096);
+  ASSIGN_OR_RETURN(void* p, MmapAligned(rounded, kHugePage, "MapHostMemory"));
+  AdviseHugePages(p, rounded, huge_pages);
+  if (prefault) Prefault(p, rounded);
+  return HostMapping(p, rounded);
+}
+
+std::string TransparentHugePagesSetting() {
+  std::ifstream f("/sys/kernel/mm/transparent_hugepage/enabled");
+  std::string line;
+  if (!std::getline(f, line)) return "";
+  size_t a = line.find('['), b = line.find(']');
+  if (a == std::string::npos || b == std::string::npos || b < a) return "";
+  return line.substr(a + 1, b - a - 1);
+}
+
+bool TransparentHugePagesUsable() {
+  std::string s = TransparentHugePagesSetting();
+  if (s != "always" && s != "madvise") return false;
+  return prctl(PR_GET_THP_DISABLE, 0, 0, 0, 0) == 0;
+}
+
+Result<uint64_t> ProcessAnonHugePages() {
+  std::ifstream f("/proc/self/smaps_rollup");
+  if (!f) return ErrnoStatus("open", "/proc/self/smaps_rollup");
+  return ReadKbField(f, "AnonHugePages:", "/proc/self/smaps_rollup");
+}
+
+Result<uint64_t> AnonHugePagesOfMapping(const void* p) {
+  std::ifstream f("/proc/self/smaps");
+  if (!f) return ErrnoStatus("open", "/proc/self/smaps");
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  std::string line;
+  while (std::getline(f, line)) {
+    // A mapping's header: "begin-end perms offset dev inode [path]" (hex).
+    const size_t dash = line.find('-');
+    if (dash == std::string::npos || dash == 0 || line.find(':') < dash) continue;
+    char* end = nullptr;
+    const uintptr_t lo = std::strtoull(line.c_str(), &end, 16);
+    if (end != line.c_str() + dash) continue;
+    const uintptr_t hi = std::strtoull(line.c_str() + dash + 1, &end, 16);
+    if (*end != ' ') continue;
+    if (a >= lo && a < hi) return ReadKbField(f, "AnonHugePages:", "/proc/self/smaps");
+  }
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%p", p);
+  return NotFound(std::string("no mapping of this process contains ") + buf + " (/proc/self/smaps)");
+}
+
+// ---- HostTier ----------------------------------------------------------------------
 
 HostTier::HostTier(SlabTierConfig config, const HostTierOptions& options, Pin pin, int node)
     : SlabTier(config), options_(options), pin_(pin), numa_node_(node) {}
@@ -151,17 +296,10 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options)
 }
 
 Result<void*> HostTier::MapSlab(uint64_t bytes) {
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) {
-    int err = errno;
-    Status::Rep rep;
-    rep.code = StatusCode::kOutOfMemory;
-    rep.message = "mmap of a " + FormatBytes(bytes) + " host slab failed (" + ErrName(err) + ")";
-    rep.sys_errno = err;
-    rep.tier = TierKind::kHost;
-    rep.bytes_requested = bytes;
-    return Status(std::move(rep));
-  }
+  // kAligned: 2 MiB-aligned so that every whole 2 MiB of the slab can be a
+  // huge page; otherwise wherever mmap puts it (page-aligned).
+  ASSIGN_OR_RETURN(void* p, MmapAligned(bytes, options_.huge_pages == HostHugePages::kAligned ? kHugePage : 4096,
+                                        "a host slab"));
   if (numa_node_ >= 0) {
     Status s = BindToNumaNode(p, bytes, numa_node_);
     if (!s.ok()) {
@@ -169,7 +307,8 @@ Result<void*> HostTier::MapSlab(uint64_t bytes) {
       if (registration_status_.ok()) registration_status_ = s;
     }
   }
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // fewer TLB misses and pinned pages to track; optional
+  // Before any page is touched (pinning below faults them in); optional.
+  AdviseHugePages(p, bytes, options_.huge_pages);
   if (pin_ == Pin::kMlock) {
     if (mlock(p, bytes) != 0) {
       int err = errno;

@@ -26,6 +26,8 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <string_view>
 
 #include "tiers/bytes.h"
 #include "tiers/slab_tier.h"
@@ -46,6 +48,24 @@ enum class PinMethod : uint8_t {
   kMlock,  // mlock (needs RLIMIT_MEMLOCK >= budget, or CAP_IPC_LOCK)
 };
 
+// Transparent huge pages (2 MiB) for host memory. A pass that streams many
+// large arrays (the CPU Adam: master, m, v, gradient, copy) touches a new
+// 4 KiB page every 64 cache lines per array; with 2 MiB pages its dTLB
+// misses and page walks all but vanish, and pinning tracks 512x fewer pages.
+enum class HostHugePages : uint8_t {
+  // madvise(MADV_HUGEPAGE) on the slab wherever mmap placed it: only the
+  // whole 2 MiB-aligned stretches inside it can be huge (the default; what
+  // the tier always did).
+  kAdvise,
+  // The slab is mapped 2 MiB-aligned, then madvise(MADV_HUGEPAGE), before
+  // any page is touched: all of it can be huge. Off by default until
+  // measured (scripts/adam-sweep.sh).
+  kAligned,
+  // madvise(MADV_NOHUGEPAGE): 4 KiB pages only (for comparison).
+  kOff,
+};
+std::string_view HostHugePagesName(HostHugePages h);  // "advise", "aligned", "off"
+
 struct HostTierOptions {
   // Bytes this tier may hand out and pin. 0: half of the machine's memory.
   uint64_t budget_bytes = 0;
@@ -57,6 +77,11 @@ struct HostTierOptions {
   NumaPlacement numa = NumaPlacement::kNearGpu;
   int numa_node = -1;              // with kNode
   int gpu_device = 0;              // with kNearGpu, and the device cudaHostRegister runs on
+  // Huge pages for the slabs (see HostHugePages). The kernel only obliges
+  // when /sys/kernel/mm/transparent_hugepage/enabled is "always" or
+  // "madvise"; pinning (mlock, cudaHostRegister) faults the pages in, after
+  // the advice, so a pinned kAligned slab is backed by huge pages at once.
+  HostHugePages huge_pages = HostHugePages::kAdvise;
   std::function<Status(void* base, uint64_t bytes)> on_map;  // after a slab is mapped and pinned
   std::function<void(void* base)> on_unmap;                  // before a slab is unpinned
 };
@@ -91,6 +116,49 @@ class HostTier final : public SlabTier {
   mutable std::mutex status_mu_;
   Status registration_status_ GUARDED_BY(status_mu_);
 };
+
+// ---- host memory outside the tier (benchmarks, the CPU Adam's own buffers) ----
+
+// An anonymous private mapping, unmapped at destruction. Move-only.
+class HostMapping {
+ public:
+  HostMapping() = default;
+  // Takes ownership of [data, data + bytes), a region from mmap.
+  HostMapping(void* data, uint64_t bytes) : data_(data), bytes_(bytes) {}
+  HostMapping(HostMapping&& o) noexcept;
+  HostMapping& operator=(HostMapping&& o) noexcept;
+  HostMapping(const HostMapping&) = delete;
+  HostMapping& operator=(const HostMapping&) = delete;
+  ~HostMapping();
+  void* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// Maps `bytes` (> 0) of anonymous memory, 2 MiB-aligned, with the huge-page
+// advice of `huge_pages` given before any page is touched; with `prefault`
+// every page is faulted in (written) before it returns, by the calling
+// thread, so NUMA first touch places it on that thread's node (callers that
+// want the pages where their workers run leave it false and touch them from
+// those threads). OutOfMemory naming the size and errno when mmap fails;
+// InvalidArgument for 0 bytes.
+Result<HostMapping> MapHostMemory(uint64_t bytes, HostHugePages huge_pages, bool prefault = false);
+
+// The active word of /sys/kernel/mm/transparent_hugepage/enabled: "always",
+// "madvise" or "never"; "" when the file is missing or unreadable.
+std::string TransparentHugePagesSetting();
+// True when this process may get transparent huge pages at all: the setting
+// is "always" or "madvise" and prctl(PR_GET_THP_DISABLE) is off.
+bool TransparentHugePagesUsable();
+// AnonHugePages of the whole process (/proc/self/smaps_rollup), in bytes.
+Result<uint64_t> ProcessAnonHugePages();
+// AnonHugePages of the mapping (VMA) that contains `p` (/proc/self/smaps),
+// in bytes. Adjacent mappings with the same flags may have been merged into
+// one VMA. NotFound when no mapping contains p.
+Result<uint64_t> AnonHugePagesOfMapping(const void* p);
 
 // RLIMIT_MEMLOCK's soft limit in bytes (UINT64_MAX for unlimited).
 uint64_t MemlockLimit();
