@@ -62,11 +62,24 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-// C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C  (+ bias[n] per row)
-//          (then GELU when `gelu`), batched over `batch` with the strides.
+// C[m,n] = alpha * op(A)[m,k] @ op(B)[k,n] + beta * C_in  (+ bias[n] per row)
+//          (then GELU when `gelu`, or times GELU'(gelu_aux) when `dgelu`),
+//          batched over `batch` with the strides.
 // Row-major: op(A) = A (m x k, lda >= k) or A^T when trans_a (A is k x m,
 // lda >= m); likewise B. `ab_dtype` is A's and B's dtype (and bias'),
 // `c_dtype` is C's (f32 C lets gradients accumulate in fp32 with beta = 1).
+// C_in is `c_in` (same layout and dtype as C: ldc, stride_c) or C itself when
+// null; it is read only when beta != 0, and must be C or not overlap it.
+//
+// The GELU backward (the MLP's fc layer): with `dgelu`, gelu_aux is an input,
+// the pre-activation the forward saved ([m, n], ldc, c_dtype), and
+//   C = (alpha op(A) op(B) + beta C_in) * gelu'(gelu_aux)   (tanh-GELU)
+// elementwise; with `bias_grad` also
+//   bias_grad[j] (bias_grad_dtype) = sum over the m rows i of C[i, j]
+// (overwritten, or added to when bias_grad_accumulate), the sum taken over
+// C's values in fp32 before they are rounded to c_dtype. bias_grad works with
+// or without dgelu (then it sums alpha op(A) op(B) + beta C_in (+ bias));
+// batch must be 1. gelu and dgelu are exclusive, and dgelu takes no bias.
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -82,8 +95,14 @@ struct GemmArgs {
   const void* bias = nullptr;  // [n], ab_dtype; nullptr for none
   bool gelu = false;           // tanh-GELU applied after the bias
   void* gelu_aux = nullptr;    // with gelu: pre-GELU values [m, n] (ldc, c_dtype); may be null
+                               // with dgelu: the input pre-activation (required)
   int batch = 1;
   int64_t stride_a = 0, stride_b = 0, stride_c = 0;  // elements between batch items
+  const void* c_in = nullptr;  // beta's matrix when not C itself (see above)
+  bool dgelu = false;          // multiply by the tanh-GELU derivative at gelu_aux
+  void* bias_grad = nullptr;   // [n] column sums of the result; nullptr for none
+  DType bias_grad_dtype = DType::kF32;
+  bool bias_grad_accumulate = false;
 };
 
 struct LayerNormArgs {
@@ -121,6 +140,9 @@ class Backend {
   // ---- ops --------------------------------------------------------------
 
   virtual Status Gemm(const GemmArgs& g) = 0;
+  // True when Gemm implements GemmArgs' dgelu, bias_grad and c_in (models
+  // fall back to GeluBackward / BiasBackward / copies when it does not).
+  virtual bool GemmHasBackwardEpilogues() const { return false; }
 
   // y[N,C] = (x - mean) * rstd * weight + bias; mean[N], rstd[N] (f32) saved.
   virtual Status LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd,

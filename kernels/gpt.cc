@@ -181,7 +181,7 @@ std::vector<HfTensorInfo> HfTensors(const GptConfig& c) {
 // ---- GptLayers ---------------------------------------------------------------
 
 Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int64_t batch,
-                                  int64_t seq, DType dtype) {
+                                  int64_t seq, DType dtype, const Options& options) {
   if (backend == nullptr) return InvalidArgument("GptLayers: backend is null");
   RETURN_IF_ERROR(config.Validate());
   if (batch < 1) return InvalidArgument("GptLayers: batch = " + Str(batch) + " must be >= 1");
@@ -198,6 +198,7 @@ Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int
   l.T_ = seq;
   l.dtype_ = dtype;
   l.block_scratch_bytes_ = BlockScratchBytes(*backend, config, batch, seq, dtype);
+  l.fused_ = options.fused_epilogues && backend->GemmHasBackwardEpilogues();
   return l;
 }
 
@@ -262,12 +263,15 @@ Status GptLayers::Recompute(const void* params, const void* x_in, char* s) const
   RETURN_IF_ERROR(be.AttentionForward(as, s + p.att, reinterpret_cast<float*>(s + p.lse), s + p.qkv,
                                       s + p.attn_ws));
   // x1 = x_in + att @ W_proj + b_proj                [N, C]
-  RETURN_IF_ERROR(be.CopyDeviceToDevice(s + p.x1, x_in, static_cast<size_t>(N * C) * es));
+  // (the residual read by the GEMM itself, or copied into x1 first)
+  if (!fused_)
+    RETURN_IF_ERROR(be.CopyDeviceToDevice(s + p.x1, x_in, static_cast<size_t>(N * C) * es));
   g = GemmArgs{};
   g.ab_dtype = g.c_dtype = dtype_;
   g.m = N, g.n = C, g.k = C;
   g.a = s + p.att, g.lda = C, g.b = W(L.proj_w), g.ldb = C;
   g.c = s + p.x1, g.ldc = C, g.beta = 1.f, g.bias = W(L.proj_b);
+  if (fused_) g.c_in = x_in;
   RETURN_IF_ERROR(be.Gemm(g));
   // ln2 = LN(x1)
   RETURN_IF_ERROR(be.LayerNormForward(ln, s + p.ln2, reinterpret_cast<float*>(s + p.mean2),
@@ -294,12 +298,15 @@ Status GptLayers::BlockForward(const void* params, const void* x_in, void* x_out
   const BlockLayout L = BlockLayout::For(C);
   const char* w = static_cast<const char*>(params);
   // x_out = x1 + h @ W_fcproj + b_fcproj             [N, C]
-  RETURN_IF_ERROR(backend_->CopyDeviceToDevice(x_out, s + p.x1, static_cast<size_t>(N * C) * es));
+  if (!fused_)
+    RETURN_IF_ERROR(
+        backend_->CopyDeviceToDevice(x_out, s + p.x1, static_cast<size_t>(N * C) * es));
   GemmArgs g;
   g.ab_dtype = g.c_dtype = dtype_;
   g.m = N, g.n = C, g.k = 4 * C;
   g.a = s + p.h, g.lda = 4 * C, g.b = w + L.fcproj_w * es, g.ldb = C;
   g.c = x_out, g.ldc = C, g.beta = 1.f, g.bias = w + L.fcproj_b * es;
+  if (fused_) g.c_in = s + p.x1;
   return backend_->Gemm(g);
 }
 
@@ -352,10 +359,24 @@ Status GptLayers::BlockBackward(const void* params, const void* x_in, const void
   RETURN_IF_ERROR(weight_grad(s + p.h, 4 * C, d_out, C, L.fcproj_w));
   RETURN_IF_ERROR(be.BiasBackward(G(L.fcproj_b), grad_dtype, accumulate, d_out, N, C, dtype_));
   void* dh = s + p.h;  // h is dead from here: d h, then d pre in place
-  RETURN_IF_ERROR(input_grad(d_out, C, L.fcproj_w, 4 * C, dh));
-  RETURN_IF_ERROR(be.GeluBackward(dh, s + p.pre, dh, N * 4 * C, dtype_));
+  if (fused_) {
+    // d pre = (d_out @ W_fcproj^T) * gelu'(pre) and d b_fc = its column sums,
+    // in the GEMM's epilogue.
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = N, g.n = 4 * C, g.k = C;
+    g.a = d_out, g.lda = C, g.b = W(L.fcproj_w), g.ldb = C;
+    g.c = dh, g.ldc = 4 * C;
+    g.ab_dtype = g.c_dtype = dtype_;
+    g.dgelu = true, g.gelu_aux = s + p.pre;
+    g.bias_grad = G(L.fc_b), g.bias_grad_dtype = grad_dtype, g.bias_grad_accumulate = accumulate;
+    RETURN_IF_ERROR(be.Gemm(g));
+  } else {
+    RETURN_IF_ERROR(input_grad(d_out, C, L.fcproj_w, 4 * C, dh));
+    RETURN_IF_ERROR(be.GeluBackward(dh, s + p.pre, dh, N * 4 * C, dtype_));
+    RETURN_IF_ERROR(be.BiasBackward(G(L.fc_b), grad_dtype, accumulate, dh, N, 4 * C, dtype_));
+  }
   RETURN_IF_ERROR(weight_grad(s + p.ln2, C, dh, 4 * C, L.fc_w));
-  RETURN_IF_ERROR(be.BiasBackward(G(L.fc_b), grad_dtype, accumulate, dh, N, 4 * C, dtype_));
   void* dln2 = s + p.ln2;  // ln2 is dead from here
   RETURN_IF_ERROR(input_grad(dh, 4 * C, L.fc_w, C, dln2));
   // d x1 = d_out + LN2 backward (into d_in)
@@ -528,8 +549,10 @@ Status GptLayers::HeadForward(const HeadArgs& a) const {
 Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptConfig& config,
                                                    const Options& options) {
   const int64_t seq = options.seq > 0 ? options.seq : config.seq_len;
+  GptLayers::Options lo;
+  lo.fused_epilogues = options.fused_epilogues;
   ASSIGN_OR_RETURN(GptLayers layers,
-                   GptLayers::Make(backend, config, options.batch, seq, options.dtype));
+                   GptLayers::Make(backend, config, options.batch, seq, options.dtype, lo));
   if (!IsFloating(options.grad_dtype))
     return InvalidArgument("GptModel: grad_dtype " + std::string(DTypeName(options.grad_dtype)) +
                            " is not a float type");

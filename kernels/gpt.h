@@ -169,10 +169,24 @@ constexpr size_t StatBytes(DType dtype) { return dtype == DType::kF64 ? 8 : 4; }
 // size (InvalidArgument), not the sizes behind the other pointers.
 class GptLayers {
  public:
+  struct Options {
+    // Fold memory-bound passes into the GEMMs when the backend's Gemm has the
+    // backward epilogues (Backend::GemmHasBackwardEpilogues): the GELU
+    // backward and the fc bias gradient into the fc input-gradient GEMM
+    // (GemmArgs::dgelu, bias_grad), the residual copies into the projection
+    // GEMMs (GemmArgs::c_in). false keeps the separate ops (GeluBackward,
+    // BiasBackward, CopyDeviceToDevice): the reference the tests compare with.
+    bool fused_epilogues = true;
+  };
   static Result<GptLayers> Make(Backend* backend, const GptConfig& config, int64_t batch,
-                                int64_t seq, DType dtype);
+                                int64_t seq, DType dtype, const Options& options);
+  static Result<GptLayers> Make(Backend* backend, const GptConfig& config, int64_t batch,
+                                int64_t seq, DType dtype) {
+    return Make(backend, config, batch, seq, dtype, Options{});
+  }
 
-  // Scratch of BlockForward and BlockBackward (the same region serves both).
+  // Scratch of BlockForward and BlockBackward (the same region serves both;
+  // the same size with and without fused epilogues).
   static size_t BlockScratchBytes(const Backend& backend, const GptConfig& config, int64_t batch,
                                   int64_t seq, DType dtype);
   // Scratch of the head calls; chunk_rows 0 = DefaultHeadChunkRows.
@@ -235,6 +249,8 @@ class GptLayers {
   int64_t seq() const { return T_; }
   DType dtype() const { return dtype_; }
   Backend* backend() const { return backend_; }
+  // Whether the fused epilogues are in use (asked for and the backend has them).
+  bool fused_epilogues() const { return fused_; }
 
  private:
   GptLayers() = default;
@@ -246,6 +262,7 @@ class GptLayers {
   int64_t B_ = 0, T_ = 0;
   DType dtype_ = DType::kF32;
   size_t block_scratch_bytes_ = 0;
+  bool fused_ = false;
 };
 
 // ---- the whole model, resident in backend memory -----------------------------
@@ -261,6 +278,7 @@ class GptModel {
     int64_t batch = 1;
     int64_t seq = 0;              // tokens per sequence; 0 = config.seq_len
     int64_t head_chunk_rows = 0;  // 0 = GptLayers::DefaultHeadChunkRows
+    bool fused_epilogues = true;  // GptLayers::Options::fused_epilogues
   };
   // Allocates everything (parameters zero; call InitRandom or import).
   static Result<std::unique_ptr<GptModel>> Create(Backend* backend, const GptConfig& config,

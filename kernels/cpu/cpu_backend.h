@@ -46,6 +46,7 @@ class CpuBackend final : public Backend {
   void* native_stream() const override { return nullptr; }
 
   Status Gemm(const GemmArgs& g) override;
+  bool GemmHasBackwardEpilogues() const override { return true; }
   Status LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd, const void* x,
                           const void* weight, const void* bias) override;
   Status LayerNormBackward(const LayerNormArgs& a, void* dx, void* dweight, void* dbias,

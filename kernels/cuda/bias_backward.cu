@@ -1,4 +1,5 @@
-// Bias gradient: column sums of dy over its rows.
+// Bias gradient: column sums of dy over its rows (rows ld elements apart;
+// ld = n for BiasBackward, the GEMM's ldc for its fallback bias gradient).
 //
 // Blocks of 32 lanes x kVec columns (16-byte loads where the row length and
 // the pointer allow) and a slice of rows, 8 warps walking the slice's rows,
@@ -6,6 +7,7 @@
 // Deterministic, no atomics. Enough slices to give every SM several blocks,
 // so that many loads are in flight (the op is bound by memory bandwidth).
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
 
 namespace strata::kernels::cuda {
@@ -15,14 +17,14 @@ constexpr int kRowWarps = 8;
 
 // ---- kernels ----------------------------------------------------------------
 
-// partial: (S, n) f32; dy: (m, n). Block (32, kRowWarps), grid (ceil(n / (32 kVec)), S);
+// partial: (S, n) f32; dy: (m, ld). Block (32, kRowWarps), grid (ceil(n / (32 kVec)), S);
 // slice s covers rows [s * rows_per, min(m, (s + 1) * rows_per)). Lane tx owns
-// columns c0 + tx*kVec .. c0 + tx*kVec + kVec-1. kVec > 1 needs n % kVec == 0
-// and a 16-byte aligned dy.
+// columns c0 + tx*kVec .. c0 + tx*kVec + kVec-1. kVec > 1 needs n % kVec == 0,
+// ld % kVec == 0 and a 16-byte aligned dy.
 template <typename T, int kVec>
 __global__ void __launch_bounds__(32 * kRowWarps)
     bias_backward_partial_kernel(float* __restrict__ partial, const T* __restrict__ dy, int64_t m,
-                                 int64_t n, int64_t rows_per) {
+                                 int64_t n, int64_t ld, int64_t rows_per) {
   __shared__ float sacc[kRowWarps][32 * kVec];
   const int tx = threadIdx.x, ty = threadIdx.y;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * 32 * kVec + tx * kVec;
@@ -35,11 +37,11 @@ __global__ void __launch_bounds__(32 * kRowWarps)
 #pragma unroll 4
     for (int64_t r = r_begin + ty; r < r_end; r += kRowWarps) {
       if constexpr (kVec > 1) {
-        Pack<T> v = LoadPack(dy + r * n + c);
+        Pack<T> v = LoadPack(dy + r * ld + c);
 #pragma unroll
         for (int i = 0; i < kVec; ++i) acc[i] += ToF(v.v[i]);
       } else {
-        acc[0] += ToF(dy[r * n + c]);
+        acc[0] += ToF(dy[r * ld + c]);
       }
     }
   }
@@ -71,7 +73,7 @@ __global__ void bias_backward_final_kernel(G* dbias, const float* __restrict__ p
 
 template <typename T, int kVec>
 Status LaunchPartial(cudaStream_t stream, int num_sms, float* scratch, size_t scratch_bytes,
-                     const T* dy, int64_t m, int64_t n, int* S_out) {
+                     const T* dy, int64_t m, int64_t n, int64_t ld, int* S_out) {
   const unsigned col_blocks = CeilDiv(n, 32 * kVec);
   // About 4 blocks (32 warps) per SM.
   int64_t S = std::max<int64_t>(1, CeilDiv(4 * static_cast<int64_t>(num_sms), col_blocks));
@@ -89,7 +91,7 @@ Status LaunchPartial(cudaStream_t stream, int num_sms, float* scratch, size_t sc
   const int64_t rows_per = (m + S - 1) / S;
   bias_backward_partial_kernel<T, kVec>
       <<<dim3(col_blocks, static_cast<unsigned>(S)), dim3(32, kRowWarps), 0, stream>>>(
-          scratch, dy, m, n, rows_per);
+          scratch, dy, m, n, ld, rows_per);
   CUDA_RETURN_IF_LAUNCH_ERROR("bias_backward_partial_kernel");
   return Status::OK();
 }
@@ -101,16 +103,25 @@ Status LaunchPartial(cudaStream_t stream, int num_sms, float* scratch, size_t sc
 Status BiasBackward(cudaStream_t stream, int num_sms, void* dbias, DType grad_dtype,
                     bool accumulate, const void* dy, int64_t m, int64_t n, DType dtype,
                     float* scratch, size_t scratch_bytes) {
+  return BiasBackwardLd(stream, num_sms, dbias, grad_dtype, accumulate, dy, m, n, n, dtype,
+                        scratch, scratch_bytes);
+}
+
+Status BiasBackwardLd(cudaStream_t stream, int num_sms, void* dbias, DType grad_dtype,
+                      bool accumulate, const void* dy, int64_t m, int64_t n, int64_t ld,
+                      DType dtype, float* scratch, size_t scratch_bytes) {
   if (n == 0) return Status::OK();
   return DispatchFloat(dtype, "BiasBackward", [&](auto tag) -> Status {
     using T = decltype(tag);
     constexpr int kN = Pack<T>::kN;
     const T* p = static_cast<const T*>(dy);
     int S = 0;
-    if (n % kN == 0 && Aligned16(dy))
-      RETURN_IF_ERROR((LaunchPartial<T, kN>(stream, num_sms, scratch, scratch_bytes, p, m, n, &S)));
+    if (n % kN == 0 && ld % kN == 0 && Aligned16(dy))
+      RETURN_IF_ERROR(
+          (LaunchPartial<T, kN>(stream, num_sms, scratch, scratch_bytes, p, m, n, ld, &S)));
     else
-      RETURN_IF_ERROR((LaunchPartial<T, 1>(stream, num_sms, scratch, scratch_bytes, p, m, n, &S)));
+      RETURN_IF_ERROR(
+          (LaunchPartial<T, 1>(stream, num_sms, scratch, scratch_bytes, p, m, n, ld, &S)));
     return DispatchFloat(grad_dtype, "BiasBackward grad_dtype", [&](auto gtag) -> Status {
       using G = decltype(gtag);
       bias_backward_final_kernel<G><<<CeilDiv(n, 256), 256, 0, stream>>>(

@@ -55,6 +55,8 @@ std::string GemmName(const GemmArgs& g) {
   if (g.beta != 0.f) s += " +=";
   if (g.bias) s += " +bias";
   if (g.gelu) s += " +gelu";
+  if (g.dgelu) s += " +dgelu";
+  if (g.bias_grad) s += " +bgrad";
   return s;
 }
 
@@ -148,6 +150,7 @@ class CudaBackend final : public Backend {
                   2.0 * g.m * g.n * g.k * std::max(1, g.batch));
     return gemm_->Run(g);
   }
+  bool GemmHasBackwardEpilogues() const override { return true; }
 
   Status LayerNormForward(const LayerNormArgs& a, void* y, float* mean, float* rstd,
                           const void* x, const void* weight, const void* bias) override {

@@ -2,11 +2,16 @@
 // mapping, plan cache, epilogue fusion with a kernel fallback (gemm.h).
 #include "kernels/cuda/gemm.h"
 
+#include <algorithm>
 #include <string>
 
 #include "tiers/cuda_check.h"
 
 namespace strata::kernels::cuda {
+
+namespace {
+constexpr size_t kScratchBytes = 4u << 20;  // the runner's scratch_ (gemm.h)
+}  // namespace
 
 Status CublasStatus(cublasStatus_t st, const char* expr, const char* file, int line) {
   Status::Rep rep;
@@ -67,7 +72,13 @@ Status CheckGemm(const GemmArgs& g) {
   if (g.lda < std::max<int64_t>(1, a_cols)) return bad("lda too small for A's row length");
   if (g.ldb < std::max<int64_t>(1, b_cols)) return bad("ldb too small for B's row length");
   if (g.ldc < std::max<int64_t>(1, g.n)) return bad("ldc must be >= n");
-  if (g.gelu_aux && !g.gelu) return bad("gelu_aux given without gelu");
+  if (g.gelu_aux && !g.gelu && !g.dgelu) return bad("gelu_aux given without gelu");
+  if (g.gelu && g.dgelu) return bad("gelu and dgelu are exclusive");
+  if (g.dgelu && !g.gelu_aux) return bad("dgelu needs gelu_aux (the pre-activation)");
+  if (g.dgelu && g.bias) return bad("dgelu takes no bias");
+  if (g.bias_grad && g.batch != 1) return bad("bias_grad needs batch = 1");
+  if (g.bias_grad && !IsStorageFloat(g.bias_grad_dtype))
+    return bad("bias_grad_dtype must be f32, f16 or bf16");
   if (g.m > 0 && g.n > 0 && g.batch > 0) {
     if (!g.c) return bad("c is null");
     if (g.k > 0 && (!g.a || !g.b)) return bad("a or b is null");
@@ -76,6 +87,7 @@ Status CheckGemm(const GemmArgs& g) {
       if (g.stride_c < (g.m - 1) * g.ldc + g.n) return bad("stride_c makes batch outputs overlap");
     }
     if (g.gelu_aux == g.c) return bad("gelu_aux must not alias c");
+    if (g.bias_grad == g.c) return bad("bias_grad must not alias c");
   }
   return Status::OK();
 }
@@ -102,27 +114,40 @@ Result<std::unique_ptr<GemmRunner>> GemmRunner::Make(cudaStream_t stream, const 
   std::unique_ptr<GemmRunner> r(new GemmRunner(stream, opts));
   CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&r->handle_));
   if (opts.workspace_bytes > 0) CUDA_RETURN_IF_ERROR(cudaMalloc(&r->workspace_, opts.workspace_bytes));
+  CUDA_RETURN_IF_ERROR(cudaMalloc(&r->scratch_, kScratchBytes));
+  int device = 0;
+  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
+  CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&r->num_sms_, cudaDevAttrMultiProcessorCount, device));
   return r;
 }
 
 GemmRunner::~GemmRunner() {
   plans_.clear();
+  if (scratch_) cudaFree(scratch_);
   if (workspace_) cudaFree(workspace_);
   if (handle_) cublasLtDestroy(handle_);
 }
 
-Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi) {
+Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi, int bias_type) {
   const size_t ab_es = DTypeSize(g.ab_dtype), c_es = DTypeSize(g.c_dtype);
   const bool fused = epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const bool bgrad = epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   const int64_t align_a = BatchAlign(g.a, g.batch, g.stride_a, ab_es);
   const int64_t align_b = BatchAlign(g.b, g.batch, g.stride_b, ab_es);
   const int64_t align_c = BatchAlign(g.c, g.batch, g.stride_c, c_es);
-  const int64_t align_bias = fused && g.bias ? AlignOf(g.bias) : 0;
+  // C (read with beta != 0) may be another buffer than D (= our C).
+  const void* c_read = (g.beta != 0.f && g.c_in) ? g.c_in : g.c;
+  // (min with D's: when the algorithm cannot read C_in, C_in is copied into D.)
+  const int64_t align_c_in = std::min(align_c, BatchAlign(c_read, g.batch, g.stride_c, c_es));
+  const void* bias_ptr = bgrad ? scratch_ : g.bias;
+  const int64_t align_bias = fused && bias_ptr ? AlignOf(bias_ptr) : 0;
   const int64_t align_aux = fused && g.gelu_aux ? AlignOf(g.gelu_aux) : 0;
   Key key = {g.trans_a, g.trans_b, g.m, g.n, g.k, g.lda, g.ldb, g.ldc,
              static_cast<int64_t>(g.ab_dtype), static_cast<int64_t>(g.c_dtype), g.batch,
              g.batch > 1 ? g.stride_a : 0, g.batch > 1 ? g.stride_b : 0,
-             g.batch > 1 ? g.stride_c : 0, epi, align_a, align_b, align_c, align_bias, align_aux};
+             g.batch > 1 ? g.stride_c : 0, epi, align_a, align_b, align_c, align_bias, align_aux,
+             align_c_in, bias_type};
   auto it = plans_.find(key);
   if (it != plans_.end()) return it->second.get();
 
@@ -139,10 +164,11 @@ Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi) {
   if (fused) {
     const uint32_t e = static_cast<uint32_t>(epi);
     CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, e));
-    if (g.bias) {
-      const int32_t bt = CudaType(g.ab_dtype);
+    if (bias_ptr) {
+      // Forward bias: A/B's type. Bias gradient: the type asked for.
+      const int32_t bt = bgrad ? bias_type : static_cast<int32_t>(CudaType(g.ab_dtype));
       CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, bt));
-      CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias));
+      CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias_ptr));
     }
     if (g.gelu_aux) {
       const int64_t ld = g.ldc;
@@ -170,7 +196,7 @@ Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi) {
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceCreate(&pref));
   const uint64_t ws = opts_.workspace_bytes;
   const uint32_t al_a = static_cast<uint32_t>(align_b), al_b = static_cast<uint32_t>(align_a),
-                 al_c = static_cast<uint32_t>(align_c);
+                 al_c = static_cast<uint32_t>(align_c_in), al_d = static_cast<uint32_t>(align_c);
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_a, sizeof al_a);
@@ -179,63 +205,141 @@ Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi) {
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_c, sizeof al_c);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_c, sizeof al_c);
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof al_d);
   cublasLtMatmulHeuristicResult_t result{};
   int returned = 0;
   if (st == CUBLAS_STATUS_SUCCESS) {
     cublasStatus_t hs = cublasLtMatmulAlgoGetHeuristic(handle_, plan->desc, plan->a, plan->b,
                                                        plan->c, plan->c, pref, 1, &result, &returned);
-    // NOT_SUPPORTED means "no algorithm for this case": the caller falls back.
-    if (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED) st = hs;
+    // NOT_SUPPORTED means "no algorithm for this case" and INVALID_VALUE an
+    // attribute combination it rejects (e.g. a bias-gradient type): the
+    // caller falls back either way.
+    if (hs != CUBLAS_STATUS_SUCCESS && hs != CUBLAS_STATUS_NOT_SUPPORTED &&
+        !(bgrad && hs == CUBLAS_STATUS_INVALID_VALUE))
+      st = hs;
   }
   cublasLtMatmulPreferenceDestroy(pref);
   CUBLAS_RETURN_IF_ERROR(st);
   if (returned > 0 && result.state == CUBLAS_STATUS_SUCCESS) {
     plan->algo = result.algo;
     plan->has_algo = true;
+    int32_t oop = 0;
+    size_t written = 0;
+    if (cublasLtMatmulAlgoCapGetAttribute(&plan->algo, CUBLASLT_ALGO_CAP_OUT_OF_PLACE_RESULT_SUPPORT,
+                                          &oop, sizeof oop, &written) == CUBLAS_STATUS_SUCCESS)
+      plan->out_of_place = oop != 0;
   }
   Plan* p = plan.get();
   plans_.emplace(key, std::move(plan));
   return p;
 }
 
+Status GemmRunner::CopyCIn(const GemmArgs& g) {
+  const size_t es = DTypeSize(g.c_dtype);
+  const size_t pitch = static_cast<size_t>(g.ldc) * es;
+  for (int item = 0; item < g.batch; ++item) {
+    const size_t off = static_cast<size_t>(item) * static_cast<size_t>(g.stride_c) * es;
+    CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(static_cast<char*>(g.c) + off, pitch,
+                                           static_cast<const char*>(g.c_in) + off, pitch,
+                                           static_cast<size_t>(g.n) * es,
+                                           static_cast<size_t>(g.m), cudaMemcpyDeviceToDevice,
+                                           stream_));
+  }
+  return Status::OK();
+}
+
 Status GemmRunner::Run(const GemmArgs& g) {
   RETURN_IF_ERROR(CheckGemm(g));
-  if (g.m == 0 || g.n == 0 || g.batch == 0) return Status::OK();
-  const bool want_epi = g.bias != nullptr || g.gelu;
-  if (g.k == 0)  // C = beta * C (+ bias, GELU); beta = 0 never reads C
-    return GemmEpilogue(stream_, g.c, g.c_dtype, g.ldc, g.m, g.n, g.batch, g.stride_c, g.beta,
-                        g.beta == 0.f, g.bias, g.ab_dtype, g.gelu, g.gelu_aux);
+  if (g.n == 0 || g.batch == 0) return Status::OK();
+  if (g.m == 0) {  // no rows: the bias gradient is an empty sum
+    if (g.bias_grad && !g.bias_grad_accumulate)
+      CUDA_RETURN_IF_ERROR(cudaMemsetAsync(g.bias_grad, 0,
+                                           static_cast<size_t>(g.n) * DTypeSize(g.bias_grad_dtype),
+                                           stream_));
+    return Status::OK();
+  }
+  const bool want_epi = g.bias != nullptr || g.gelu || g.dgelu;
+  const void* c_in = g.c_in ? g.c_in : g.c;
+  // Column sums of C when no epilogue computed them (C as written, rounded).
+  auto fallback_bias_grad = [&]() -> Status {
+    if (!g.bias_grad) return Status::OK();
+    return BiasBackwardLd(stream_, num_sms_, g.bias_grad, g.bias_grad_dtype,
+                          g.bias_grad_accumulate, g.c, g.m, g.n, g.ldc, g.c_dtype,
+                          static_cast<float*>(scratch_), kScratchBytes);
+  };
+  if (g.k == 0) {  // C = beta * C_in (+ bias, GELU / GELU'); beta = 0 never reads C_in
+    RETURN_IF_ERROR(GemmEpilogue(stream_, g.c, c_in, g.c_dtype, g.ldc, g.m, g.n, g.batch,
+                                 g.stride_c, g.beta, g.beta == 0.f, g.bias, g.ab_dtype, g.gelu,
+                                 g.dgelu, g.gelu_aux));
+    return fallback_bias_grad();
+  }
 
-  int epi = CUBLASLT_EPILOGUE_DEFAULT;
-  if (want_epi && opts_.epilogues && g.c_dtype == g.ab_dtype && g.batch == 1 &&
-      (!g.gelu_aux || g.ldc % 8 == 0)) {
+  // Epilogues to try, best first; the plain GEMM (+ kernels) always works.
+  struct Choice {
+    int epi, bias_type;
+  };
+  Choice choices[4];
+  int count = 0;
+  const bool fusable = want_epi && opts_.epilogues && g.c_dtype == g.ab_dtype && g.batch == 1;
+  if (fusable && g.dgelu) {
+    if (g.beta == 0.f && g.ldc % 8 == 0) {
+      const bool bgrad_fits = static_cast<size_t>(g.n) * 4 <= kScratchBytes;
+      if (g.bias_grad && bgrad_fits) {
+        choices[count++] = {CUBLASLT_EPILOGUE_DGELU_BGRAD, CUDA_R_32F};
+        if (g.c_dtype != DType::kF32)
+          choices[count++] = {CUBLASLT_EPILOGUE_DGELU_BGRAD, CudaType(g.c_dtype)};
+      }
+      choices[count++] = {CUBLASLT_EPILOGUE_DGELU, -1};
+    }
+  } else if (fusable && (!g.gelu_aux || g.ldc % 8 == 0)) {
+    int epi;
     if (g.bias)
       epi = !g.gelu ? CUBLASLT_EPILOGUE_BIAS
                     : (g.gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_BIAS);
     else
       epi = g.gelu_aux ? CUBLASLT_EPILOGUE_GELU_AUX : CUBLASLT_EPILOGUE_GELU;
+    choices[count++] = {epi, -1};
   }
-  ASSIGN_OR_RETURN(Plan * plan, GetPlan(g, epi));
-  if (epi != CUBLASLT_EPILOGUE_DEFAULT && !plan->has_algo) {
-    epi = CUBLASLT_EPILOGUE_DEFAULT;
-    ASSIGN_OR_RETURN(plan, GetPlan(g, epi));
+  choices[count++] = {CUBLASLT_EPILOGUE_DEFAULT, -1};
+  Plan* plan = nullptr;
+  Choice chosen{};
+  for (int i = 0; i < count; ++i) {
+    ASSIGN_OR_RETURN(plan, GetPlan(g, choices[i].epi, choices[i].bias_type));
+    chosen = choices[i];
+    if (plan->has_algo) break;
   }
   if (!plan->has_algo)
     return Unavailable("Gemm: cuBLASLt offers no algorithm for " + Dims(g));
-  const bool fused = epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const bool fused = chosen.epi != CUBLASLT_EPILOGUE_DEFAULT;
+  const bool fused_bgrad = chosen.epi == CUBLASLT_EPILOGUE_DGELU_BGRAD;
   if (fused) {  // the cached descriptor holds the pointers of the call that made it
     if (g.bias) CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, g.bias));
     if (g.gelu_aux)
       CUBLAS_RETURN_IF_ERROR(SetDesc(plan->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, g.gelu_aux));
   }
+  // beta's matrix: C_in read by cuBLASLt when it can, else copied to C first.
+  const void* c_read = g.c;
+  if (g.beta != 0.f && c_in != g.c) {
+    if (plan->out_of_place)
+      c_read = c_in;
+    else
+      RETURN_IF_ERROR(CopyCIn(g));
+  }
   CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &g.alpha, g.b, plan->a, g.a, plan->b,
-                                        &g.beta, g.c, plan->c, g.c, plan->c, &plan->algo,
+                                        &g.beta, c_read, plan->c, g.c, plan->c, &plan->algo,
                                         workspace_, opts_.workspace_bytes, stream_));
+  if (fused) ++fused_epilogue_calls_;
   if (want_epi && !fused)
-    return GemmEpilogue(stream_, g.c, g.c_dtype, g.ldc, g.m, g.n, g.batch, g.stride_c, 1.f, false,
-                        g.bias, g.ab_dtype, g.gelu, g.gelu_aux);
-  return Status::OK();
+    RETURN_IF_ERROR(GemmEpilogue(stream_, g.c, g.c, g.c_dtype, g.ldc, g.m, g.n, g.batch,
+                                 g.stride_c, 1.f, false, g.bias, g.ab_dtype, g.gelu, g.dgelu,
+                                 g.gelu_aux));
+  if (fused_bgrad) {
+    ++fused_bias_grad_calls_;
+    const DType bt = chosen.bias_type == CUDA_R_32F ? DType::kF32 : g.c_dtype;
+    return BiasGradFinish(stream_, g.bias_grad, g.bias_grad_dtype, g.bias_grad_accumulate,
+                          scratch_, bt, g.n);
+  }
+  return fallback_bias_grad();
 }
 
 }  // namespace strata::kernels::cuda

@@ -153,6 +153,63 @@ TEST_F(GradCheckTest, GemmAllTransposesWithBiasAndGelu) {
   CheckGemmGradient(be_.get(), {false, false, 127, 9, 11, true}, seed += 10);
 }
 
+// ---- the MLP backward through the Gemm's GELU-backward epilogue ----------------
+//
+// out = gelu(X W1 + b1) W2; backward as the model's fused path does it:
+// dpre = (R W2^T) * gelu'(pre) and db1 = column sums of dpre from one Gemm
+// (dgelu, bias_grad), dW1 = X^T dpre. Padded leading dimensions throughout.
+
+TEST_F(GradCheckTest, MlpBackwardThroughDgeluEpilogue) {
+  const int64_t m = 37, kin = 11, h = 70, nout = 9;
+  const int64_t ldh = h + 3;  // pre, y, dpre rows
+  auto x = RandomVector(m * kin, 1), w1 = RandomVector(kin * h, 2), b1 = RandomVector(h, 3);
+  auto w2 = RandomVector(h * nout, 4), r = RandomVector(m * nout, 5);
+  Tensor tx(be_.get(), kF64, m * kin), tw1(be_.get(), kF64, kin * h), tb1(be_.get(), kF64, h);
+  Tensor tw2 = Tensor::From(be_.get(), w2, kF64), tr = Tensor::From(be_.get(), r, kF64);
+  Tensor pre(be_.get(), kF64, m * ldh), y(be_.get(), kF64, m * ldh), out(be_.get(), kF64, m * nout);
+  auto forward = [&]() {
+    tx.Set(x), tw1.Set(w1), tb1.Set(b1);
+    GemmArgs g;
+    g.m = m, g.n = h, g.k = kin;
+    g.a = tx.data(), g.lda = kin, g.b = tw1.data(), g.ldb = h, g.c = y.data(), g.ldc = ldh;
+    g.ab_dtype = g.c_dtype = kF64, g.bias = tb1.data(), g.gelu = true, g.gelu_aux = pre.data();
+    EXPECT_OK(be_->Gemm(g));
+    g = GemmArgs{};
+    g.m = m, g.n = nout, g.k = h;
+    g.a = y.data(), g.lda = ldh, g.b = tw2.data(), g.ldb = nout, g.c = out.data(), g.ldc = nout;
+    g.ab_dtype = g.c_dtype = kF64;
+    EXPECT_OK(be_->Gemm(g));
+    return Dot(out.Get(), r);
+  };
+  for (bool accumulate : {false, true}) {
+    SCOPED_TRACE(accumulate ? "accumulate" : "overwrite");
+    forward();  // pre at the unperturbed parameters (CheckGradient leaves it perturbed)
+    const std::vector<double> db_start(h, accumulate ? 0.25 : 0.0);
+    Tensor dpre = Tensor::Poisoned(be_.get(), kF64, m * ldh);
+    Tensor db1 = accumulate ? Tensor::From(be_.get(), db_start, kF64)
+                            : Tensor::Poisoned(be_.get(), kF64, h);
+    GemmArgs g;
+    g.trans_b = true;
+    g.m = m, g.n = h, g.k = nout;
+    g.a = tr.data(), g.lda = nout, g.b = tw2.data(), g.ldb = nout, g.c = dpre.data(), g.ldc = ldh;
+    g.ab_dtype = g.c_dtype = kF64;
+    g.dgelu = true, g.gelu_aux = pre.data();
+    g.bias_grad = db1.data(), g.bias_grad_dtype = kF64, g.bias_grad_accumulate = accumulate;
+    ASSERT_OK(be_->Gemm(g));
+    Tensor dw1 = Tensor::Poisoned(be_.get(), kF64, kin * h);
+    g = GemmArgs{};
+    g.trans_a = true;
+    g.m = kin, g.n = h, g.k = m;
+    g.a = tx.data(), g.lda = kin, g.b = dpre.data(), g.ldb = ldh, g.c = dw1.data(), g.ldc = h;
+    g.ab_dtype = g.c_dtype = kF64;
+    ASSERT_OK(be_->Gemm(g));
+    std::vector<double> db = db1.Get();
+    for (int64_t j = 0; j < h; ++j) db[j] -= db_start[j];
+    CheckGradient("db1", b1, db, forward, 7);
+    CheckGradient("dW1", w1, dw1.Get(), forward, 8);
+  }
+}
+
 // ---- LayerNorm ----------------------------------------------------------------
 
 TEST_F(GradCheckTest, LayerNorm) {

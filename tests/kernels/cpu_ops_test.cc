@@ -170,6 +170,107 @@ TEST_F(CpuOpsTest, GemmMixedDtypesAccumulateIntoF32) {
   EXPECT_LT(RelError(tc.Get(), want), 1e-6);  // fp32 accumulation of exact bf16 products
 }
 
+// tanh-GELU derivative in fp64 (the formula of backend.h).
+double GeluGradRef(double x) {
+  const double k = std::sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+
+TEST_F(CpuOpsTest, GemmDgeluAndBiasGradMatchNaiveReference) {
+  uint64_t seed = 100;
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.f, 0.5f})
+        for (bool accumulate : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb << " beta=" << beta
+                                            << " accumulate=" << accumulate);
+          // m spans several 64-row tiles and a ragged one; n two 256-column tiles.
+          const int64_t m = 150, n = 300, k = 17, ldc = n + 3;
+          const int64_t lda = (ta ? m : k) + 1, ldb = (tb ? k : n) + 2;
+          auto a = RandomVector((ta ? k : m) * lda, ++seed), b = RandomVector((tb ? n : k) * ldb, ++seed);
+          auto cin = RandomVector(m * ldc, ++seed), pre = RandomVector(m * ldc, ++seed, -4, 4);
+          auto db0 = RandomVector(n, ++seed);
+          Tensor tA = Tensor::From(be_.get(), a, kF64), tB = Tensor::From(be_.get(), b, kF64);
+          Tensor tcin = Tensor::From(be_.get(), cin, kF64), tpre = Tensor::From(be_.get(), pre, kF64);
+          Tensor tc = Tensor::Poisoned(be_.get(), kF64, m * ldc);
+          Tensor tdb = accumulate ? Tensor::From(be_.get(), db0, kF64) : Tensor::Poisoned(be_.get(), kF64, n);
+          GemmArgs g;
+          g.trans_a = ta, g.trans_b = tb, g.m = m, g.n = n, g.k = k;
+          g.a = tA.data(), g.lda = lda, g.b = tB.data(), g.ldb = ldb, g.c = tc.data(), g.ldc = ldc;
+          g.ab_dtype = g.c_dtype = kF64, g.alpha = 0.75f, g.beta = beta;
+          g.c_in = tcin.data(), g.dgelu = true, g.gelu_aux = tpre.data();
+          g.bias_grad = tdb.data(), g.bias_grad_dtype = kF64, g.bias_grad_accumulate = accumulate;
+          ASSERT_OK(be_->Gemm(g));
+          std::vector<double> want(m * n), got(m * n), colsum(n, 0.0);
+          const auto c = tc.Get();
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j) {
+              double s = 0;
+              for (int64_t l = 0; l < k; ++l) s += At(a, 0, lda, ta, i, l) * At(b, 0, ldb, tb, l, j);
+              double v = 0.75 * s + double(beta) * cin[i * ldc + j];
+              v *= GeluGradRef(pre[i * ldc + j]);
+              want[i * n + j] = v;
+              got[i * n + j] = c[i * ldc + j];
+              colsum[j] += v;
+            }
+          EXPECT_LT(RelError(got, want), 1e-13);
+          if (accumulate)
+            for (int64_t j = 0; j < n; ++j) colsum[j] += db0[j];
+          EXPECT_LT(RelError(tdb.Get(), colsum), 1e-13);
+          EXPECT_EQ(tcin.Get(), cin);  // C_in is only read
+          EXPECT_EQ(tpre.Get(), pre);  // and so is the pre-activation
+        }
+}
+
+TEST_F(CpuOpsTest, GemmCInAndBiasGradWithoutDgelu) {
+  // C = A B + 1 * C_in + bias into a poisoned C; bias_grad sums that result
+  // (f32 gradient of bf16 operands); C_in = C in place gives the same.
+  const int64_t m = 70, n = 33, k = 9;
+  const DType bf16 = DType::kBF16;
+  auto a = testing::Rounded(RandomVector(m * k, 21), bf16);
+  auto b = testing::Rounded(RandomVector(k * n, 22), bf16);
+  auto cin = testing::Rounded(RandomVector(m * n, 23), bf16);
+  auto bias = testing::Rounded(RandomVector(n, 24), bf16);
+  Tensor tA = Tensor::From(be_.get(), a, bf16), tB = Tensor::From(be_.get(), b, bf16);
+  Tensor tcin = Tensor::From(be_.get(), cin, bf16), tbias = Tensor::From(be_.get(), bias, bf16);
+  Tensor tc = Tensor::Poisoned(be_.get(), bf16, m * n), tdb = Tensor::Poisoned(be_.get(), DType::kF32, n);
+  GemmArgs g;
+  g.m = m, g.n = n, g.k = k, g.a = tA.data(), g.lda = k, g.b = tB.data(), g.ldb = n;
+  g.c = tc.data(), g.ldc = n, g.ab_dtype = g.c_dtype = bf16, g.beta = 1.f, g.c_in = tcin.data();
+  g.bias = tbias.data(), g.bias_grad = tdb.data(), g.bias_grad_dtype = DType::kF32;
+  ASSERT_OK(be_->Gemm(g));
+  std::vector<double> want(m * n), colsum(n, 0.0);
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = cin[i * n + j] + bias[j];
+      for (int64_t l = 0; l < k; ++l) s += a[i * k + l] * b[l * n + j];
+      want[i * n + j] = s;
+      colsum[j] += s;
+    }
+  EXPECT_LT(RelError(tc.Get(), want), 4e-3);     // bf16 output
+  EXPECT_LT(RelError(tdb.Get(), colsum), 1e-6);  // fp32 sums of the unrounded values
+  EXPECT_EQ(tcin.Get(), cin);
+  const auto out = tc.Get();
+  g.c = tcin.data(), g.c_in = tcin.data();  // in place
+  ASSERT_OK(be_->Gemm(g));
+  EXPECT_EQ(tcin.Get(), out);
+}
+
+TEST_F(CpuOpsTest, GemmBiasGradOfNoRowsIsZero) {
+  Tensor a = Tensor::Poisoned(be_.get(), kF64, 16), c = Tensor::Poisoned(be_.get(), kF64, 16);
+  Tensor db = Tensor::Poisoned(be_.get(), DType::kF32, 5);
+  GemmArgs g;
+  g.m = 0, g.n = 5, g.k = 3, g.a = a.data(), g.lda = 3, g.b = a.data(), g.ldb = 5;
+  g.c = c.data(), g.ldc = 5, g.ab_dtype = g.c_dtype = kF64;
+  g.bias_grad = db.data(), g.bias_grad_dtype = DType::kF32;
+  ASSERT_OK(be_->Gemm(g));
+  EXPECT_EQ(db.Get(), std::vector<double>(5, 0.0));
+  db.Set(std::vector<double>(5, 2.0));
+  g.bias_grad_accumulate = true;
+  ASSERT_OK(be_->Gemm(g));
+  EXPECT_EQ(db.Get(), std::vector<double>(5, 2.0));
+}
+
 TEST_F(CpuOpsTest, GemmRejectsBadArguments) {
   Tensor a = Tensor::Poisoned(be_.get(), kF64, 64), c = Tensor::Poisoned(be_.get(), kF64, 64);
   GemmArgs g;
@@ -201,6 +302,22 @@ TEST_F(CpuOpsTest, GemmRejectsBadArguments) {
   EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
   bad = g;
   bad.batch = 0;
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  Tensor aux = Tensor::Poisoned(be_.get(), kF64, 64), db = Tensor::Poisoned(be_.get(), kF64, 8);
+  bad = g;
+  bad.dgelu = true;  // no pre-activation
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  bad.gelu_aux = aux.data(), bad.gelu = true;  // gelu and dgelu
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  bad.gelu = false, bad.bias = a.data();  // dgelu with a forward bias
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  bad.bias = nullptr, bad.gelu_aux = c.data();  // pre-activation aliasing C
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  bad = g;
+  bad.bias_grad = db.data(), bad.batch = 2, bad.stride_c = 16;  // bias_grad of a batch
+  EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
+  bad = g;
+  bad.bias_grad = db.data(), bad.bias_grad_dtype = DType::kI32;
   EXPECT_THAT(be_->Gemm(bad), StatusIs(StatusCode::kInvalidArgument));
 }
 

@@ -1,7 +1,13 @@
 // CUDA backend GEMMs (cuBLASLt) against the CPU backend: every transpose
 // combination, awkward sizes, padded leading dimensions, bias / GELU / saved
-// pre-activation epilogues (fused and fallback), beta accumulation, batches.
+// pre-activation epilogues (fused and fallback), the GELU backward with the
+// bias gradient (DGELU_BGRAD, fused and fallback), beta accumulation from C
+// or from another buffer (c_in), batches. Then, on the GemmRunner itself: the
+// fused DGELU_BGRAD path runs for bf16/f16 and its GELU derivative is the
+// tanh one (not erf), its bias gradient the sums of the dGELU'd output.
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -9,6 +15,11 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/kernels/backend_compare.h"
 #include "tests/test_util.h"
+#if STRATA_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "kernels/cuda/gemm.h"
+#endif
 
 namespace strata::kernels {
 namespace {
@@ -30,6 +41,11 @@ struct GemmCase {
   int batch = 1;
   int64_t pad = 0;  // extra elements at the end of each row of A, B and C
   float alpha = 1.f;
+  // The GELU backward: C *= gelu'(pre) (pre random in [-4, 4], in gelu_aux).
+  bool dgelu = false;
+  bool bias_grad = false;   // f32 column sums of the result
+  bool accumulate = false;  // ... added to random values
+  bool c_in = false;        // beta's matrix from another buffer
 };
 
 std::string CaseName(const ::testing::TestParamInfo<GemmCase>& info) { return info.param.name; }
@@ -54,8 +70,17 @@ TEST_P(CudaGemmTest, MatchesCpu) {
   auto bias = mir.MakeFloats(RandomFloats(p.n, seed_ + 3), p.ab);
   Mirror C = p.beta != 0.f ? mir.MakeFloats(RandomFloats(sc * p.batch, seed_ + 4), p.c)
                            : mir.Make(sc * p.batch * DTypeSize(p.c));
-  Mirror aux = mir.Make(sc * p.batch * DTypeSize(p.c));
-  if (p.pad > 0 && p.beta == 0.f) {
+  Mirror aux = p.dgelu ? mir.MakeFloats(RandomFloats(sc * p.batch, seed_ + 6, -4.f, 4.f), p.c)
+                       : mir.Make(sc * p.batch * DTypeSize(p.c));
+  Mirror c_in = mir.MakeFloats(RandomFloats(sc * p.batch, seed_ + 7), p.c);
+  Mirror dbias = p.accumulate ? mir.MakeFloats(RandomFloats(p.n, seed_ + 8), DType::kF32)
+                              : mir.Make(p.n * 4);
+  const std::vector<uint8_t> dbias_start = mir.GpuBytes(dbias);
+  if (p.c_in && p.beta != 0.f) {
+    // C itself must not be read: poisoned (NaN) on both sides.
+    mir.Poison(C);
+  }
+  if (p.pad > 0 && (p.beta == 0.f || p.c_in)) {
     // The padding columns of C are never written: give both the same bytes.
     std::vector<uint8_t> same = ::strata::testing::ToBytes(RandomFloats(sc * p.batch, seed_ + 5), p.c);
     mir.Set(C, same);
@@ -72,8 +97,12 @@ TEST_P(CudaGemmTest, MatchesCpu) {
     g.alpha = p.alpha, g.beta = p.beta;
     g.bias = p.bias ? (gpu ? bias.gpu : bias.ref).data() : nullptr;
     g.gelu = p.gelu;
-    g.gelu_aux = p.aux ? (gpu ? aux.gpu : aux.ref).data() : nullptr;
+    g.gelu_aux = (p.aux || p.dgelu) ? (gpu ? aux.gpu : aux.ref).data() : nullptr;
     g.batch = p.batch, g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+    g.dgelu = p.dgelu;
+    g.c_in = p.c_in ? (gpu ? c_in.gpu : c_in.ref).data() : nullptr;
+    g.bias_grad = p.bias_grad ? (gpu ? dbias.gpu : dbias.ref).data() : nullptr;
+    g.bias_grad_dtype = DType::kF32, g.bias_grad_accumulate = p.accumulate;
     return be->Gemm(g);
   };
   ASSERT_OK(run(cpu_.get(), false));
@@ -81,12 +110,30 @@ TEST_P(CudaGemmTest, MatchesCpu) {
   // f32 with GELU: tanh implementations differ in the last bits.
   double tol = Tolerance(p.c, OpKind::kReduction);
   if (p.c == DType::kF32 && p.gelu) tol = 1e-4;
+  // f32 with GELU': cuBLASLt's derivative may use a faster tanh (the
+  // GeluFlavour test below tells tanh from erf; this one checks the plumbing).
+  if (p.c == DType::kF32 && p.dgelu) tol = 1e-3;
   EXPECT_CLOSE(mir, C, p.c, tol, p.name + " C");
   if (p.aux) EXPECT_CLOSE(mir, aux, p.c, tol, p.name + " gelu_aux");
+  // The bias gradient: fp32 sums of m values (cuBLASLt may round them to C's
+  // type first, or the fallback sum C's rounded values); the sums of the
+  // product without GELU' or of the wrong axis are off by O(1).
+  if (p.bias_grad) EXPECT_CLOSE(mir, dbias, DType::kF32, std::max(tol, 2e-5), p.name + " bias_grad");
+  if (p.c_in) {
+    EXPECT_EQ(mir.GpuBytes(c_in), mir.RefBytes(c_in)) << "c_in was written";
+  }
+  if (p.dgelu) {
+    EXPECT_EQ(mir.GpuBytes(aux), mir.RefBytes(aux)) << "the pre-activation was written";
+  }
 
   // Run the GPU GEMM again with the same inputs: bitwise the same output
   // (plans are cached; cuBLASLt is deterministic for a fixed algorithm).
-  if (p.beta == 0.f) {
+  if (p.bias_grad && (p.beta == 0.f || p.c_in)) {  // (C as beta's input was overwritten)
+    std::vector<uint8_t> first = mir.GpuBytes(dbias);
+    ASSERT_OK(gpu_->CopyToDevice(dbias.gpu.data(), dbias_start.data(), dbias_start.size()));
+    ASSERT_OK(run(gpu_.get(), true));
+    EXPECT_EQ(mir.GpuBytes(dbias), first) << "second run's bias_grad differs";
+  } else if (p.beta == 0.f) {
     std::vector<uint8_t> first = mir.GpuBytes(C);
     mir.PoisonGpu(C);
     if (p.pad > 0) {
@@ -127,6 +174,41 @@ std::vector<GemmCase> Cases() {
     v.push_back({n + "_NN_bias_beta1", d.ab, d.c, false, false, 127, 96, 64, true, false, false, 1.f});
     v.push_back({n + "_NN_bias_batch2", d.ab, d.c, false, false, 127, 96, 64, true, true, true, 0.f, 2});
     v.push_back({n + "_k0_bias", d.ab, d.c, false, false, 127, 96, 0, true, false, false, 1.f});
+    // The GELU backward as the model calls it (d h = d_out W^T, NT), fusable
+    // (ldc % 8 == 0, beta 0, one batch item, C of A/B's type).
+    auto dg = [&](std::string name, bool ta, bool tb, int64_t m, int64_t nn, int64_t k) {
+      GemmCase c{n + name, d.ab, d.c, ta, tb, m, nn, k};
+      c.dgelu = true, c.bias_grad = true;
+      return c;
+    };
+    v.push_back(dg("_NT_dgelu_bgrad", false, true, 127, 384, 96));
+    v.push_back(dg("_NT_dgelu_bgrad_model", false, true, 512, 1024, 256));
+    v.push_back(dg("_NN_dgelu_bgrad_1row", false, false, 1, 64, 32));
+    GemmCase c = dg("_NT_dgelu_bgrad_acc", false, true, 200, 256, 64);
+    c.accumulate = true;
+    v.push_back(c);
+    c = dg("_TN_dgelu_nobgrad", true, false, 96, 128, 127);
+    c.bias_grad = false;
+    v.push_back(c);
+    c = dg("_NT_dgelu_bgrad_oddld", false, true, 127, 100, 96);  // ldc 103: fallback
+    c.pad = 3;
+    v.push_back(c);
+    c = dg("_NN_dgelu_beta_cin", false, false, 64, 96, 127);  // beta: fallback
+    c.beta = 0.5f, c.c_in = true, c.alpha = 0.25f;
+    v.push_back(c);
+    c = dg("_k0_dgelu_bgrad", false, false, 33, 40, 0);
+    c.beta = 1.f, c.accumulate = true;
+    v.push_back(c);
+    // bias_grad of a plain GEMM (the column-sum fallback), c_in with a bias.
+    c = GemmCase{n + "_NN_bgrad_plain", d.ab, d.c, false, false, 127, 96, 64, true};
+    c.bias_grad = true;
+    v.push_back(c);
+    c = GemmCase{n + "_NN_cin_bias_beta1", d.ab, d.c, false, false, 127, 96, 64, true};
+    c.beta = 1.f, c.c_in = true;
+    v.push_back(c);
+    c = GemmCase{n + "_NN_cin_pad_beta", d.ab, d.c, false, true, 70, 64, 96};
+    c.beta = 0.75f, c.c_in = true, c.pad = 5;
+    v.push_back(c);
   }
   return v;
 }
@@ -182,6 +264,81 @@ TEST_F(CudaGemmErrorTest, AllocatingTooMuchIsOutOfMemory) {
   EXPECT_OK(gpu_->Memset(buf.data(), 0, 256));
   EXPECT_OK(gpu_->Synchronize());
 }
+
+#if STRATA_WITH_CUDA
+// The fused GELU backward on cuBLASLt itself (a GemmRunner on the backend's
+// stream, so the test knows which path ran). A = 1/16, B = 1 and k = 16 make
+// the product exactly 1, so C is GELU'(pre) alone; pre in [-3.5, -0.5], where
+// the tanh-GELU's derivative and the erf-GELU's differ by 1 % (0.5 % to 9e-4
+// absolute), far above f16/bf16 rounding: an erf epilogue fails loudly. The
+// bias gradient must be the column sums of that C (the sums of the product
+// would be m = 256 per column, of the wrong axis n = 64).
+double GeluGradTanh(double x) {
+  const double k = std::sqrt(2.0 / M_PI), u = k * (x + 0.044715 * x * x * x), t = std::tanh(u);
+  return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * k * (1 + 3 * 0.044715 * x * x);
+}
+double GeluGradErf(double x) {
+  return 0.5 * (1 + std::erf(x / std::sqrt(2.0))) + x * std::exp(-0.5 * x * x) / std::sqrt(2 * M_PI);
+}
+
+using CudaGemmRunnerTest = CudaGemmErrorTest;
+
+TEST_F(CudaGemmRunnerTest, FusedDgeluIsTheTanhDerivativeAndSumsItsOutput) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(std::string(DTypeName(dt)));
+    auto runner = cuda::GemmRunner::Make(static_cast<cudaStream_t>(gpu_->native_stream()),
+                                         cuda::GemmOptions{});
+    ASSERT_OK(runner.status());
+    const int64_t m = 256, n = 64, k = 16;
+    std::vector<float> a(m * k, 1.f / 16), b(k * n, 1.f), pre(m * n);
+    for (int64_t i = 0; i < m * n; ++i) pre[i] = -3.5f + 3.f * static_cast<float>(i) / (m * n - 1);
+    pre = ::strata::testing::RoundTo(pre, dt);
+    auto up = [&](const std::vector<uint8_t>& bytes) {
+      auto buf = gpu_->Allocate(bytes.size());
+      EXPECT_OK(buf.status());
+      EXPECT_OK(gpu_->CopyToDevice(buf->data(), bytes.data(), bytes.size()));
+      return std::move(buf).value();
+    };
+    DeviceBuffer A = up(::strata::testing::ToBytes(a, dt)), B = up(::strata::testing::ToBytes(b, dt));
+    DeviceBuffer P = up(::strata::testing::ToBytes(pre, dt));
+    DeviceBuffer C = up(std::vector<uint8_t>(m * n * DTypeSize(dt), 0xFF));
+    DeviceBuffer D = up(std::vector<uint8_t>(n * 4, 0xFF));
+    GemmArgs g;
+    g.m = m, g.n = n, g.k = k;
+    g.a = A.data(), g.lda = k, g.b = B.data(), g.ldb = n, g.c = C.data(), g.ldc = n;
+    g.ab_dtype = g.c_dtype = dt;
+    g.dgelu = true, g.gelu_aux = P.data();
+    g.bias_grad = D.data(), g.bias_grad_dtype = DType::kF32;
+    ASSERT_OK((*runner)->Run(g));
+    ASSERT_OK(gpu_->Synchronize());
+    EXPECT_EQ((*runner)->fused_epilogue_calls(), 1) << "cuBLASLt did not fuse DGELU: nothing checked";
+    EXPECT_EQ((*runner)->fused_bias_grad_calls(), 1) << "cuBLASLt did not fuse the bias gradient";
+    std::vector<uint8_t> cb(m * n * DTypeSize(dt)), db(n * 4);
+    ASSERT_OK(gpu_->CopyToHost(cb.data(), C.data(), cb.size()));
+    ASSERT_OK(gpu_->CopyToHost(db.data(), D.data(), db.size()));
+    const std::vector<double> out = ::strata::testing::ToDoubles(cb, dt);
+    const std::vector<double> dbias = ::strata::testing::ToDoubles(db, DType::kF32);
+    std::vector<double> ref_tanh(m * n), ref_erf(m * n), sums(n, 0.0);
+    for (int64_t i = 0; i < m * n; ++i) {
+      ref_tanh[i] = GeluGradTanh(pre[i]);
+      ref_erf[i] = GeluGradErf(pre[i]);
+      sums[i % n] += ref_tanh[i];
+    }
+    const double d_tanh = ::strata::testing::RelErr(out, ref_tanh);
+    const double d_erf = ::strata::testing::RelErr(out, ref_erf);
+    std::printf("[ dgelu ] %s: distance to the tanh derivative %.2e, to the erf one %.2e\n",
+                std::string(DTypeName(dt)).c_str(), d_tanh, d_erf);
+    // Rounding alone: f16 2e-4, bf16 1.6e-3; the erf derivative is 6e-3 away.
+    EXPECT_LT(d_tanh, dt == DType::kF16 ? 2e-3 : 4e-3);
+    EXPECT_LT(d_tanh, 0.5 * d_erf) << "the epilogue's GELU' is not the tanh-GELU's";
+    const double d_bias = ::strata::testing::RelErr(dbias, sums);
+    std::printf("[ dgelu ] %s: bias gradient relative error %.2e\n",
+                std::string(DTypeName(dt)).c_str(), d_bias);
+    EXPECT_LT(d_bias, 1e-2) << "bias_grad is not the column sums of the dGELU'd output";
+  }
+}
+#endif  // STRATA_WITH_CUDA
 
 }  // namespace
 }  // namespace strata::kernels

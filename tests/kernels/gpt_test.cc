@@ -311,6 +311,47 @@ TEST(GptPrecisionTest, LowerPrecisionsTrackFp64) {
   }
 }
 
+// ---- fused epilogues against the separate ops ----------------------------------------------
+
+// The default layers fold the GELU backward, the fc bias gradient and the
+// residual copies into the GEMMs (GemmArgs::dgelu, bias_grad, c_in); the
+// same model with fused_epilogues = false runs GeluBackward, BiasBackward and
+// copies. fp64: the same to rounding; f32/bf16: the same up to the order of
+// the bias sums (and, in bf16, summing dpre before or after its rounding).
+TEST(GptFusedEpiloguesTest, MatchSeparateOps) {
+  auto be = MakeCpuBackend(2);
+  GptConfig cfg = Tiny();
+  const int64_t B = 2, T = 24;
+  std::vector<int32_t> tok(B * T), tgt(B * T);
+  for (int64_t i = 0; i < B * T; ++i) tok[i] = (i * 23 + 3) % 200, tgt[i] = (i * 5 + 2) % 200;
+  struct Tol {
+    DType dtype;
+    double loss, grad;
+  };
+  for (Tol tol : {Tol{DType::kF64, 1e-14, 1e-12}, Tol{DType::kF32, 1e-6, 1e-5},
+                  Tol{DType::kBF16, 1e-3, 2e-2}}) {
+    SCOPED_TRACE(DTypeName(tol.dtype));
+    std::unique_ptr<GptModel> m[2];
+    double loss[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      GptModel::Options o;
+      o.dtype = tol.dtype, o.grad_dtype = tol.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
+      o.batch = B, o.fused_epilogues = fused == 1;
+      ASSERT_OK_AND_ASSIGN(m[fused], GptModel::Create(be.get(), cfg, o));
+      EXPECT_EQ(m[fused]->layers().fused_epilogues(), fused == 1);
+      ASSERT_OK(m[fused]->InitRandom(31));
+      // Accumulate over two steps, so bias_grad_accumulate is covered too.
+      ASSERT_OK(m[fused]->ForwardBackward(tok.data(), tgt.data()).status());
+      ASSERT_OK_AND_ASSIGN(loss[fused], m[fused]->ForwardBackward(tok.data(), tgt.data(), true));
+    }
+    EXPECT_LT(std::fabs(loss[1] - loss[0]) / loss[0], tol.loss);
+    for (const auto& t : HfTensors(cfg)) {
+      const double err = RelError(*m[1]->GetGradient(t.name), *m[0]->GetGradient(t.name));
+      EXPECT_LT(err, tol.grad) << t.name;
+    }
+  }
+}
+
 // ---- export / import ---------------------------------------------------------------------
 
 TEST(GptExportTest, SafetensorsRoundTripUnderHfNames) {
