@@ -187,7 +187,9 @@ TEST(TrainerGpu, GpuAssistedOptimizerGivesTheCpuAdamsBits) {
                                                       << (all ? " (all on the GPU)" : "");
         share = r.optimizer_gpu_share;
       }
-      if (all) EXPECT_EQ(share, 1.0);
+      if (all) {
+        EXPECT_EQ(share, 1.0);
+      }
       for (size_t k = 0; k < names.size(); ++k) {
         ASSERT_OK_AND_ASSIGN(std::vector<float> x, t->Parameter(names[k]));
         EXPECT_EQ(x, params[k]) << names[k] << (bf16 ? " bf16" : " fp32");

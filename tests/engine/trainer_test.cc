@@ -130,7 +130,9 @@ void ExpectAssistMatches(bool bf16) {
   if (bf16) host.gpu_memory_limit = 2100 * kKiB;
   std::string plan;
   auto a = Losses(host, 4, &plan);
-  if (bf16) EXPECT_THAT(plan, HasSubstr("bf16 on the host"));
+  if (bf16) {
+    EXPECT_THAT(plan, HasSubstr("bf16 on the host"));
+  }
   for (bool all : {true, false}) {
     TrainOptions o = host;
     o.config.trainer.gpu_assisted_optimizer = "on";
@@ -146,7 +148,9 @@ void ExpectAssistMatches(bool bf16) {
       b.push_back(r.loss);
       share = r.optimizer_gpu_share;  // of the previous step's update
     }
-    if (all) EXPECT_EQ(share, 1.0);
+    if (all) {
+      EXPECT_EQ(share, 1.0);
+    }
     ASSERT_EQ(a.size(), b.size());
     for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1 << (all ? " (all on the assist)" : "");
     // The state after the last update, too.
