@@ -478,7 +478,7 @@ struct Prefetching {
 int RunAdam(int argc, char** argv) {
   CommonOptions common;
   std::string sizes_s = "1M,16M,64M", threads_s, isa_s = "all", tiles_s = "16K", pin_s = "off";
-  std::string hugepages_s = "on", prefetch_s = "0", hints_s = "l2";
+  std::string hugepages_s = "on", prefetch_s = "2048", hints_s = "l1";  // CpuAdam::Options defaults
   std::vector<std::string> configs_s;
   std::string stagger_s = "2M";
   int reps = 10;

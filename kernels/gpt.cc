@@ -199,6 +199,7 @@ Result<GptLayers> GptLayers::Make(Backend* backend, const GptConfig& config, int
   l.dtype_ = dtype;
   l.block_scratch_bytes_ = BlockScratchBytes(*backend, config, batch, seq, dtype);
   l.fused_ = options.fused_epilogues && backend->GemmHasBackwardEpilogues();
+  l.fused_dgelu_ = l.fused_ && options.fused_dgelu;
   return l;
 }
 
@@ -359,7 +360,7 @@ Status GptLayers::BlockBackward(const void* params, const void* x_in, const void
   RETURN_IF_ERROR(weight_grad(s + p.h, 4 * C, d_out, C, L.fcproj_w));
   RETURN_IF_ERROR(be.BiasBackward(G(L.fcproj_b), grad_dtype, accumulate, d_out, N, C, dtype_));
   void* dh = s + p.h;  // h is dead from here: d h, then d pre in place
-  if (fused_) {
+  if (fused_dgelu_) {
     // d pre = (d_out @ W_fcproj^T) * gelu'(pre) and d b_fc = its column sums,
     // in the GEMM's epilogue.
     GemmArgs g;
@@ -551,6 +552,7 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptCo
   const int64_t seq = options.seq > 0 ? options.seq : config.seq_len;
   GptLayers::Options lo;
   lo.fused_epilogues = options.fused_epilogues;
+  lo.fused_dgelu = options.fused_dgelu;
   ASSIGN_OR_RETURN(GptLayers layers,
                    GptLayers::Make(backend, config, options.batch, seq, options.dtype, lo));
   if (!IsFloating(options.grad_dtype))

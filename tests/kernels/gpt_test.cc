@@ -336,7 +336,7 @@ TEST(GptFusedEpiloguesTest, MatchSeparateOps) {
     for (int fused = 0; fused < 2; ++fused) {
       GptModel::Options o;
       o.dtype = tol.dtype, o.grad_dtype = tol.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
-      o.batch = B, o.fused_epilogues = fused == 1;
+      o.batch = B, o.fused_epilogues = fused == 1, o.fused_dgelu = fused == 1;
       ASSERT_OK_AND_ASSIGN(m[fused], GptModel::Create(be.get(), cfg, o));
       EXPECT_EQ(m[fused]->layers().fused_epilogues(), fused == 1);
       ASSERT_OK(m[fused]->InitRandom(31));

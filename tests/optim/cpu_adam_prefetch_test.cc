@@ -97,7 +97,8 @@ TEST(CpuAdamPrefetch, ThreadsAndTilesWithPrefetchAgreeBitwise) {
 
 TEST(CpuAdamPrefetch, OptionsAreValidatedAndKept) {
   CpuAdam::Options o;
-  EXPECT_EQ(o.prefetch_bytes, 0u);  // off until measured on the GPU host
+  EXPECT_EQ(o.prefetch_bytes, 2048u);  // the default the GPU host's sweep chose
+  EXPECT_EQ(o.prefetch_hint, PrefetchHint::kL1);
   o.prefetch_bytes = 100;           // not a multiple of 64
   auto r = CpuAdam::Create(o);
   EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
