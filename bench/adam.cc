@@ -216,6 +216,19 @@ size_t PrefetchStop(size_t rest, size_t pf, size_t min_es, size_t group) {
   return rest > ahead ? rest - ahead + 1 : 0;
 }
 
+// The elements [i, n) of a tile past its last full group, byte by byte;
+// returns `folded` with the gradient bytes folded in.
+inline uint64_t RoofTail(const RoofTile& t, size_t i, uint64_t folded) {
+  for (; i < t.n; ++i) {
+    t.p[i * 4] += 1;
+    for (size_t b = 0; b < t.ss; ++b) t.m[i * t.ss + b] += 1, t.v[i * t.ss + b] += 1;
+    for (size_t b = 0; b < t.gs; ++b) folded ^= t.g[i * t.gs + b];
+    if (t.out)
+      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = t.p[i * 4 + b % 4];
+  }
+  return folded;
+}
+
 // 16 bytes at a time; n is a multiple of 64 except for the shard's last tile,
 // whose tail goes byte by byte. The gradient is folded into an accumulator
 // that is returned, so the reads cannot be optimized away.
@@ -257,13 +270,7 @@ uint64_t RoofTileSseImpl(const RoofTile& t) {
     for (size_t b = 0; b < kGroup * t.gs; b += 16) acc = O::Xor(acc, O::Load(t.g + i * t.gs + b));
   }
   uint64_t folded = O::Fold(acc);
-  for (; i < t.n; ++i) {  // tail
-    t.p[i * 4] += 1;
-    for (size_t b = 0; b < t.ss; ++b) t.m[i * t.ss + b] += 1, t.v[i * t.ss + b] += 1;
-    for (size_t b = 0; b < t.gs; ++b) folded ^= t.g[i * t.gs + b];
-    if (t.out)
-      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = t.p[i * 4 + b % 4];
-  }
+  folded = RoofTail(t, i, folded);
   if (t.out) _mm_sfence();
   return folded;
 }
@@ -292,13 +299,7 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2Impl(const RoofTile& t) {
       acc = _mm256_xor_si256(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g + i * t.gs + b)));
   }
   uint64_t folded = static_cast<uint64_t>(_mm256_extract_epi64(acc, 0)) ^ static_cast<uint64_t>(_mm256_extract_epi64(acc, 3));
-  for (; i < t.n; ++i) {
-    t.p[i * 4] += 1;
-    for (size_t b = 0; b < t.ss; ++b) t.m[i * t.ss + b] += 1, t.v[i * t.ss + b] += 1;
-    for (size_t b = 0; b < t.gs; ++b) folded ^= t.g[i * t.gs + b];
-    if (t.out)
-      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = t.p[i * 4 + b % 4];
-  }
+  folded = RoofTail(t, i, folded);
   if (t.out) _mm_sfence();
   return folded;
 }
@@ -353,13 +354,7 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t RoofTileAvx512Impl(const Ro
   _mm512_store_si512(lanes, acc);  // (no _mm512_reduce_*: GCC 12 warns inside it)
   uint64_t folded = 0;
   for (uint64_t l : lanes) folded ^= l;
-  for (; i < t.n; ++i) {
-    t.p[i * 4] += 1;
-    for (size_t b = 0; b < t.ss; ++b) t.m[i * t.ss + b] += 1, t.v[i * t.ss + b] += 1;
-    for (size_t b = 0; b < t.gs; ++b) folded ^= t.g[i * t.gs + b];
-    if (t.out)
-      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = t.p[i * 4 + b % 4];
-  }
+  folded = RoofTail(t, i, folded);
   if (OS) _mm_sfence();
   return folded;
 }
