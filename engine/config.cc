@@ -495,6 +495,7 @@ Status ParseTrainer(Obj o, TrainerConfig* c) {
   RETURN_IF_ERROR(o.Int("eval_interval", &c->eval_interval, 0, kBig));
   RETURN_IF_ERROR(o.Int("eval_batches", &c->eval_batches, 1, 1e6));
   RETURN_IF_ERROR(o.Choice("gpu_assisted_optimizer", &c->gpu_assisted_optimizer, {"auto", "on", "off"}));
+  RETURN_IF_ERROR(o.Choice("schedule", &c->schedule, {"layer-major", "micro-batch-major"}));
   return o.Finish({});
 }
 
@@ -741,7 +742,8 @@ nlohmann::json ConfigToJson(const Config& c) {
         {"seed", c.trainer.seed},
         {"eval_interval", c.trainer.eval_interval},
         {"eval_batches", c.trainer.eval_batches},
-        {"gpu_assisted_optimizer", c.trainer.gpu_assisted_optimizer}}},
+        {"gpu_assisted_optimizer", c.trainer.gpu_assisted_optimizer},
+        {"schedule", c.trainer.schedule}}},
   };
   if (!sched.empty()) j["scheduler"] = sched;
   return j;

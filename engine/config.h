@@ -117,6 +117,13 @@ struct TrainerConfig {
   // and resident parameters; "on" = also on the CPU backend's stand-in
   // (tests); "off". The results are the same bits either way.
   std::string gpu_assisted_optimizer = "auto";
+  // With gradient accumulation: "layer-major" runs every micro-batch through
+  // a layer before the next (each layer's parameters cross PCIe once per
+  // step; checkpoints of all micro-batches are kept); "micro-batch-major"
+  // runs each micro-batch through the whole model in turn (one micro-batch's
+  // checkpoints; parameters stream once per micro-batch; each layer's fp32
+  // gradient accumulator persists across the micro-batches). Same results.
+  std::string schedule = "layer-major";
 };
 
 struct Config {

@@ -35,7 +35,12 @@ Result<Plan> MakePlan(const PlanInputs& in) {
   const uint64_t grad_gpu_all = n * in.grad_host_bytes;
   const uint64_t grad_host_all = n * in.grad_host_bytes;
   const uint64_t opt_all = n * 12;
-  const uint64_t ck_set = A * in.checkpoint_bytes;  // one layer's inputs, all micro-batches
+  // One layer's inputs: of all micro-batches (layer-major) or of the one in
+  // flight (micro-batch-major); the residual-stream gradients likewise.
+  const uint64_t ck_set = (in.layer_major ? A : 1) * in.checkpoint_bytes;
+  // Micro-batch-major with accumulation keeps an fp32 accumulator per layer
+  // across the micro-batches (fp32 gradients are their own accumulators).
+  const uint64_t acc_all = !in.layer_major && A > 1 && in.grad_host_bytes != 4 ? n * 4 : 0;
   const uint64_t ck_sets = L + 1;                   // x_0 .. x_L
   const uint64_t layer_p = in.layer_params * in.param_bytes;
   const uint64_t emb_p = (in.embedding_params + in.final_params) * in.param_bytes;
@@ -96,10 +101,10 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           }
           p.prefetch_depth = p.params_resident ? 0 : depth;
           if (gt == kG) {
-            grow.gpu = grad_gpu_all;
+            grow.gpu = grad_gpu_all + acc_all;
             if (ot != kG) grow.host = 2 * max_block * in.grad_host_bytes;  // staging for the optimizer's reads
           } else {
-            grow.host = grad_host_all;
+            grow.host = grad_host_all + acc_all;
           }
           grow.kind = in.grad_host_bytes == 4 ? "gradients (fp32)" : gt == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
           (ot == kG ? orow.gpu : ot == kH ? orow.host : orow.nvme) = opt_all;
@@ -138,8 +143,14 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           // backward, but for the head's input (x_L, the last set: on the host
           // only when none stays on the GPU), which the backward never reads.
           const uint64_t host_ck = crow.host;
-          p.d2h += host_ck;
-          p.h2d += host_ck - (gpu_sets == 0 && ct == kH ? ck_set : 0);
+          p.d2h += passes * host_ck;
+          p.h2d += passes * (host_ck - (gpu_sets == 0 && ct == kH ? ck_set : 0));
+          // Micro-batch-major: host accumulators go up and down between micro-batches.
+          if (!in.layer_major && A > 1 && gt == kH) {
+            const uint64_t acc = acc_all ? acc_all : grad_host_all;
+            p.d2h += (A - 1) * acc;
+            p.h2d += (A - 1) * acc;
+          }
           if (ot == kN) p.nvme_read += opt_all, p.nvme_write += opt_all;
           if (pt == kN) p.nvme_read += 2 * passes * L * layer_p, p.nvme_write += param_all;
           p.rows = {prow, grow, orow, crow, wrow};

@@ -150,7 +150,8 @@ struct Shard {
   GptBuffer kind = GptBuffer::kBlock;
   int layer = -1;
   int64_t numel = 0;
-  TensorId p, g, w, m, v;  // params (dtype), grads (f32), master, exp_avg, exp_avg_sq (f32)
+  TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master, exp_avg, exp_avg_sq (f32)
+  TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
   TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
 };
 
@@ -165,6 +166,14 @@ struct Trainer::Impl {
   // so all placements compute the same update.
   DType grad_dtype = DType::kF32;
   int64_t B = 0, T = 0, A = 1, L = 0, C = 0;
+  // Schedule (TrainerConfig::schedule). Layer-major keeps the checkpoints
+  // and residual gradients of all A micro-batches; micro-batch-major those of
+  // one (slot 0), and with A > 1 accumulates each block's gradient across the
+  // micro-batches in a store tensor (the fp32 gradient itself, or gacc).
+  bool layer_major = true;
+  bool accum_across = false;  // micro-batch-major with A > 1
+  size_t Slot(int64_t a) const { return layer_major ? static_cast<size_t>(a) : 0; }
+  int64_t Sets() const { return layer_major ? A : 1; }
   std::unique_ptr<kernels::Backend> backend;
   std::optional<GptLayers> layers;
   PlanInputs plan_in;
@@ -194,7 +203,7 @@ struct Trainer::Impl {
   std::ostream* log = &std::cerr;
 
   std::vector<Shard> shards;                // 0: embedding, 1..L: blocks, L+1: ln_f
-  std::vector<std::vector<TensorId>> ck;    // [L+1][A]: layer inputs (ck[L]: head input)
+  std::vector<std::vector<TensorId>> ck;    // [L+1][Sets()]: layer inputs (ck[L]: head input)
   std::vector<TierKind> ck_home;            // [L+1]: the plan's split of the checkpoints
 
   // GPU scratch, carved from the store's GPU tier.
@@ -203,7 +212,7 @@ struct Trainer::Impl {
   // embedding's (it collects from the head and the embedding backward), ln_f's.
   TierBlock block_acc, emb_acc, lnf_acc;
   TensorView emb_grad_view;  // f32 mode: emb.g pinned on the GPU from Head to the end of Backward
-  std::vector<TierBlock> dx;                // [A] residual-stream gradients [B,T,C]
+  std::vector<TierBlock> dx;                // [Sets()] residual-stream gradients [B,T,C]
   size_t block_scratch_bytes = 0, head_scratch_bytes = 0;
   // Host staging (pinned, from the host tier) for GPU-home grads/params with
   // a host optimizer. Parameters have two slots: the CPU Adam writes the next
@@ -270,9 +279,13 @@ struct Trainer::Impl {
   LinkBytes Bytes() const;
   template <class F>
   Status Aside(F&& f);
-  Status Forward(double* wait_s);
-  Status Head(double dloss);
-  Status Backward(double* wait_s);
+  // Each runs the micro-batches [a0, a1): all of them (layer-major) or one.
+  Status Forward(int64_t a0, int64_t a1, double* wait_s);
+  Status Head(int64_t a0, int64_t a1, double dloss);
+  Status Backward(int64_t a0, int64_t a1, double* wait_s);
+  void ScheduleForward(AccessSchedule* s, int64_t a0, int64_t a1) const;
+  void ScheduleHead(AccessSchedule* s, int64_t a0, int64_t a1) const;
+  void ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) const;
   Status FinishGrad(Shard& sh, void* acc, void* acquired);
   void OptimizerLoop(bool gpu_worker);
   Status UpdateShard(Shard& sh, const OptJob& j);
@@ -332,6 +345,7 @@ static Status MakePlanInputs(const Config& cfg, const GptConfig& g, DType dtype,
   in->checkpoint_bytes = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
   in->grad_host_bytes = dtype == DType::kBF16 ? 2 : 4;
   in->grad_accum = cfg.grad_accum;
+  in->layer_major = cfg.trainer.schedule != "micro-batch-major";
   in->layer_workspace = block_scratch;
   // The head's scratch, the embedding/ln_f gradients held through backward,
   // one spare activation (evaluation), tokens/targets/losses.
@@ -357,6 +371,8 @@ Status Trainer::Impl::Setup() {
   T = cfg.model.seq_len;
   A = cfg.grad_accum;
   L = gcfg.n_layer;
+  layer_major = cfg.trainer.schedule != "micro-batch-major";
+  accum_across = !layer_major && A > 1;
   C = gcfg.n_embd;
   if (cfg.world_size != 1)
     return Unavailable("strata train runs one process on one GPU so far; world size is " +
@@ -579,6 +595,9 @@ Status Trainer::Impl::CreateTensors() {
     ASSIGN_OR_RETURN(s.w, store->Create(s.name + ".w", DType::kF32, shape, s.opt_home));
     ASSIGN_OR_RETURN(s.m, store->Create(s.name + ".m", DType::kF32, shape, s.opt_home));
     ASSIGN_OR_RETURN(s.v, store->Create(s.name + ".v", DType::kF32, shape, s.opt_home));
+    if (accum_across && kind == GptBuffer::kBlock && grad_dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(s.gacc, store->Create(s.name + ".gacc", DType::kF32, shape, s.g_home));
+    }
     shards.push_back(std::move(s));
     return Status::OK();
   };
@@ -587,7 +606,7 @@ Status Trainer::Impl::CreateTensors() {
   ASSIGN_OR_RETURN(block_scratch, gt->Allocate(std::max<size_t>(block_scratch_bytes, 256), "block scratch"));
   ASSIGN_OR_RETURN(head_scratch, gt->Allocate(std::max<size_t>(head_scratch_bytes, 256), "head scratch"));
   const uint64_t act = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
-  for (int64_t a = 0; a < A; ++a) {
+  for (int64_t a = 0; a < Sets(); ++a) {
     ASSIGN_OR_RETURN(TierBlock d, gt->Allocate(act, "residual gradient"));
     dx.push_back(std::move(d));
   }
@@ -616,7 +635,7 @@ Status Trainer::Impl::CreateTensors() {
   if (plan.checkpoints != TierKind::kGpu)
     for (int64_t l = L + 1 - plan.checkpoint_gpu_layers; l <= L; ++l) ck_home[static_cast<size_t>(l)] = TierKind::kGpu;
   for (int64_t l = 0; l <= L; ++l)
-    for (int64_t a = 0; a < A; ++a) {
+    for (int64_t a = 0; a < Sets(); ++a) {
       ASSIGN_OR_RETURN(TensorId id, store->Create("x" + std::to_string(l) + "." + std::to_string(a), dtype,
                                                   Shape{B, T, C}, ck_home[static_cast<size_t>(l)]));
       ck[static_cast<size_t>(l)].push_back(id);
@@ -808,21 +827,35 @@ Status Trainer::Impl::WaitAllUpdated() {
 // not follow this). The first use of each shard's parameters in a step is a
 // refresh: the optimizer has written new ones since the last step.
 Status Trainer::Impl::BuildSchedule(AccessSchedule* s) const {
+  if (layer_major) {
+    ScheduleForward(s, 0, A);
+    ScheduleHead(s, 0, A);
+    ScheduleBackward(s, 0, A);
+  } else {
+    for (int64_t a = 0; a < A; ++a) {
+      ScheduleForward(s, a, a + 1);
+      ScheduleHead(s, a, a + 1);
+      ScheduleBackward(s, a, a + 1);
+    }
+  }
+  RETURN_IF_ERROR(s->DescribeFrom(*store));
+  return s->Finish();
+}
+
+void Trainer::Impl::ScheduleForward(AccessSchedule* s, int64_t a0, int64_t a1) const {
   const Shard& emb = shards.front();
-  const Shard& lnf = shards.back();
-  const bool f32 = grad_dtype == DType::kF32;
-  auto x = [&](int64_t l, int64_t a) { return ck[static_cast<size_t>(l)][static_cast<size_t>(a)]; };
-  // Forward.
-  s->Acquire(emb.p, Access::kRead, /*refresh=*/true);
-  for (int64_t a = 0; a < A; ++a) {
+  const bool first = a0 == 0;  // the step's first use of each shard's parameters
+  auto x = [&](int64_t l, int64_t a) { return ck[static_cast<size_t>(l)][Slot(a)]; };
+  s->Acquire(emb.p, Access::kRead, /*refresh=*/first);
+  for (int64_t a = a0; a < a1; ++a) {
     s->Acquire(x(0, a), Access::kWriteDiscard);
     s->Release(x(0, a));
   }
   s->Release(emb.p);
   for (int64_t l = 0; l < L; ++l) {
     const Shard& sh = shards[static_cast<size_t>(l) + 1];
-    s->Acquire(sh.p, Access::kRead, /*refresh=*/true);
-    for (int64_t a = 0; a < A; ++a) {
+    s->Acquire(sh.p, Access::kRead, /*refresh=*/first);
+    for (int64_t a = a0; a < a1; ++a) {
       s->Acquire(x(l, a), Access::kRead);
       s->Acquire(x(l + 1, a), Access::kWriteDiscard);
       s->Release(x(l, a));
@@ -830,39 +863,65 @@ Status Trainer::Impl::BuildSchedule(AccessSchedule* s) const {
     }
     s->Release(sh.p);
   }
-  // Head.
+}
+
+void Trainer::Impl::ScheduleHead(AccessSchedule* s, int64_t a0, int64_t a1) const {
+  const Shard& emb = shards.front();
+  const Shard& lnf = shards.back();
+  const bool f32 = grad_dtype == DType::kF32, last = a1 == A;
+  const Access acc_mode = a0 == 0 ? Access::kWriteDiscard : Access::kReadWrite;
   s->Acquire(emb.p, Access::kRead);
-  s->Acquire(lnf.p, Access::kRead, /*refresh=*/true);
+  s->Acquire(lnf.p, Access::kRead, /*refresh=*/a0 == 0);
   if (f32) {
-    s->Acquire(emb.g, Access::kWriteDiscard);
-    s->Acquire(lnf.g, Access::kWriteDiscard);
+    s->Acquire(emb.g, acc_mode);
+    s->Acquire(lnf.g, acc_mode);
   }
-  for (int64_t a = 0; a < A; ++a) {
-    s->Acquire(x(L, a), Access::kRead);
-    s->Release(x(L, a));
+  for (int64_t a = a0; a < a1; ++a) {
+    const TensorId xl = ck[static_cast<size_t>(L)][Slot(a)];
+    s->Acquire(xl, Access::kRead);
+    s->Release(xl);
   }
   s->Release(lnf.p);
   s->Release(emb.p);
-  if (!f32) s->Acquire(lnf.g, Access::kWriteDiscard);
-  s->Release(lnf.g);
-  // Backward.
+  if (last) {
+    if (!f32) s->Acquire(lnf.g, Access::kWriteDiscard);
+    s->Release(lnf.g);
+  } else if (f32) {
+    s->Release(lnf.g);
+  }
+}
+
+void Trainer::Impl::ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) const {
+  const Shard& emb = shards.front();
+  const bool f32 = grad_dtype == DType::kF32, last = a1 == A;
+  const Access acc_mode = a0 == 0 ? Access::kWriteDiscard : Access::kReadWrite;
   for (int64_t l = L - 1; l >= 0; --l) {
     const Shard& sh = shards[static_cast<size_t>(l) + 1];
+    const TensorId acc = f32 ? sh.g : sh.gacc;
     s->Acquire(sh.p, Access::kRead);
-    if (f32) s->Acquire(sh.g, Access::kWriteDiscard);
-    for (int64_t a = 0; a < A; ++a) {
-      s->Acquire(x(l, a), Access::kRead);
-      s->Release(x(l, a));
+    if (accum_across) s->Acquire(acc, acc_mode);
+    else if (f32) s->Acquire(sh.g, Access::kWriteDiscard);
+    for (int64_t a = a0; a < a1; ++a) {
+      const TensorId xi = ck[static_cast<size_t>(l)][Slot(a)];
+      s->Acquire(xi, Access::kRead);
+      s->Release(xi);
     }
-    if (!f32) s->Acquire(sh.g, Access::kWriteDiscard);
-    s->Release(sh.g);
+    if (!accum_across || last) {
+      if (!f32) s->Acquire(sh.g, Access::kWriteDiscard);
+      s->Release(sh.g);
+      if (accum_across && !f32) s->Release(sh.gacc);
+    } else {
+      s->Release(acc);
+    }
     s->Release(sh.p);
   }
   // The embedding's gradient.
-  if (!f32) s->Acquire(emb.g, Access::kWriteDiscard);
-  s->Release(emb.g);
-  RETURN_IF_ERROR(s->DescribeFrom(*store));
-  return s->Finish();
+  if (last) {
+    if (!f32) s->Acquire(emb.g, Access::kWriteDiscard);
+    s->Release(emb.g);
+  } else if (f32) {
+    s->Release(emb.g);
+  }
 }
 
 // The prefetcher gets the GPU tier's free room once homes and scratch are
@@ -919,14 +978,14 @@ Trainer::Impl::LinkBytes Trainer::Impl::Bytes() const {
   return LinkBytes{st.copy.h2d.bytes, st.copy.d2h.bytes, st.nvme_to_host.bytes, st.host_to_nvme.bytes};
 }
 
-Status Trainer::Impl::Forward(double* wait_s) {
+Status Trainer::Impl::Forward(int64_t a0, int64_t a1, double* wait_s) {
   const int64_t BT = B * T;
   Shard& emb = shards.front();
   Prefetcher& pf = *prefetcher;
   RETURN_IF_ERROR(WaitShard(0, wait_s));
   ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
-  for (int64_t a = 0; a < A; ++a) {
-    TensorId x0 = ck[0][static_cast<size_t>(a)];
+  for (int64_t a = a0; a < a1; ++a) {
+    TensorId x0 = ck[0][Slot(a)];
     ASSIGN_OR_RETURN(TensorView x, pf.Acquire(x0, Access::kWriteDiscard));
     RETURN_IF_ERROR(layers->EmbeddingForward(e.data, tokens_dev.as<int32_t>() + a * BT, x.data));
     RETURN_IF_ERROR(pf.Release(x0, true, stream()));
@@ -939,9 +998,9 @@ Status Trainer::Impl::Forward(double* wait_s) {
     double t0 = Now();
     ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
     if (wait_s) *wait_s += Now() - t0;
-    for (int64_t a = 0; a < A; ++a) {
-      TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
-      TensorId out = ck[static_cast<size_t>(l + 1)][static_cast<size_t>(a)];
+    for (int64_t a = a0; a < a1; ++a) {
+      TensorId in = ck[static_cast<size_t>(l)][Slot(a)];
+      TensorId out = ck[static_cast<size_t>(l + 1)][Slot(a)];
       ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
       ASSIGN_OR_RETURN(TensorView xo, pf.Acquire(out, Access::kWriteDiscard));
       RETURN_IF_ERROR(layers->BlockForward(p.data, xi.data, xo.data, block_scratch.data(), block_scratch.bytes()));
@@ -955,8 +1014,9 @@ Status Trainer::Impl::Forward(double* wait_s) {
   return Status::OK();
 }
 
-Status Trainer::Impl::Head(double dloss) {
+Status Trainer::Impl::Head(int64_t a0, int64_t a1, double dloss) {
   const int64_t BT = B * T;
+  const bool last = a1 == A;
   Shard& emb = shards.front();
   Shard& lnf = shards.back();
   Prefetcher& pf = *prefetcher;
@@ -964,21 +1024,25 @@ Status Trainer::Impl::Head(double dloss) {
   ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
   ASSIGN_OR_RETURN(TensorView f, pf.Acquire(lnf.p, Access::kRead));
   // Gradient accumulators: the store's GPU copies themselves in fp32 mode,
-  // else fp32 scratch rounded into them at the end.
+  // else fp32 scratch rounded into them at the end. They collect over all
+  // micro-batches: zeroed by the first, rounded by the last.
   void* eacc = emb_acc.data();
   void* facc = lnf_acc.data();
   TensorView fg;
   if (grad_dtype == DType::kF32) {
-    ASSIGN_OR_RETURN(emb_grad_view, pf.Acquire(emb.g, Access::kWriteDiscard));
-    ASSIGN_OR_RETURN(fg, pf.Acquire(lnf.g, Access::kWriteDiscard));
+    const Access mode = a0 == 0 ? Access::kWriteDiscard : Access::kReadWrite;
+    ASSIGN_OR_RETURN(emb_grad_view, pf.Acquire(emb.g, mode));
+    ASSIGN_OR_RETURN(fg, pf.Acquire(lnf.g, mode));
     eacc = emb_grad_view.data;
     facc = fg.data;
   }
-  // Written piecewise (wte by the head, wpe later, padding never): zeros first.
-  RETURN_IF_ERROR(backend->Memset(eacc, 0, static_cast<size_t>(emb.numel) * 4));
-  RETURN_IF_ERROR(backend->Memset(facc, 0, static_cast<size_t>(lnf.numel) * 4));
-  for (int64_t a = 0; a < A; ++a) {
-    TensorId xl = ck[static_cast<size_t>(L)][static_cast<size_t>(a)];
+  if (a0 == 0) {
+    // Written piecewise (wte by the head, wpe later, padding never): zeros first.
+    RETURN_IF_ERROR(backend->Memset(eacc, 0, static_cast<size_t>(emb.numel) * 4));
+    RETURN_IF_ERROR(backend->Memset(facc, 0, static_cast<size_t>(lnf.numel) * 4));
+  }
+  for (int64_t a = a0; a < a1; ++a) {
+    TensorId xl = ck[static_cast<size_t>(L)][Slot(a)];
     ASSIGN_OR_RETURN(TensorView x, pf.Acquire(xl, Access::kRead));
     GptLayers::HeadArgs h;
     h.lnf_params = f.data;
@@ -987,7 +1051,7 @@ Status Trainer::Impl::Head(double dloss) {
     h.targets = targets_dev.as<int32_t>() + a * BT;
     h.losses = losses_dev.as<float>() + a * BT;
     h.dloss = static_cast<float>(dloss);
-    h.dx = dx[static_cast<size_t>(a)].data();
+    h.dx = dx[Slot(a)].data();
     h.lnf_grads = facc;
     h.emb_grads = eacc;
     h.grad_dtype = DType::kF32;
@@ -999,9 +1063,10 @@ Status Trainer::Impl::Head(double dloss) {
   }
   RETURN_IF_ERROR(pf.Release(lnf.p, false, stream()));
   RETURN_IF_ERROR(pf.Release(emb.p, false, stream()));
-  // ln_f's gradients are complete; the embedding's get the token scatter at
-  // the end of Backward().
-  RETURN_IF_ERROR(FinishGrad(lnf, facc, fg.data));
+  // After the last micro-batch ln_f's gradients are complete; the
+  // embedding's get the token scatter at the end of Backward().
+  if (last) return FinishGrad(lnf, facc, fg.data);
+  if (grad_dtype == DType::kF32) return pf.Release(lnf.g, true, stream());
   return Status::OK();
 }
 
@@ -1020,43 +1085,61 @@ Status Trainer::Impl::FinishGrad(Shard& sh, void* acc, void* acquired) {
   return prefetcher->Release(sh.g, true, stream());
 }
 
-Status Trainer::Impl::Backward(double* wait_s) {
+Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
   const int64_t BT = B * T;
+  const bool f32 = grad_dtype == DType::kF32, last = a1 == A;
   Prefetcher& pf = *prefetcher;
   for (int64_t l = L - 1; l >= 0; --l) {
     size_t si = static_cast<size_t>(l) + 1;
     Shard& sh = shards[si];
     double t0 = Now();
     ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
+    // The fp32 accumulator: one block's scratch (layer-major: every
+    // micro-batch of this block runs now), the fp32 gradient itself, or the
+    // block's own accumulator that persists across micro-batches.
     void* acc = block_acc.data();
     void* acquired = nullptr;
-    if (grad_dtype == DType::kF32) {
+    const TensorId acc_id = f32 ? sh.g : sh.gacc;
+    if (accum_across) {
+      ASSIGN_OR_RETURN(TensorView g, pf.Acquire(acc_id, a0 == 0 ? Access::kWriteDiscard : Access::kReadWrite));
+      acc = g.data;
+      if (f32) acquired = g.data;
+    } else if (f32) {
       ASSIGN_OR_RETURN(TensorView g, pf.Acquire(sh.g, Access::kWriteDiscard));
       acc = acquired = g.data;
     }
     if (wait_s) *wait_s += Now() - t0;
-    for (int64_t a = 0; a < A; ++a) {
-      TensorId in = ck[static_cast<size_t>(l)][static_cast<size_t>(a)];
+    for (int64_t a = a0; a < a1; ++a) {
+      TensorId in = ck[static_cast<size_t>(l)][Slot(a)];
       t0 = Now();
       ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
       if (wait_s) *wait_s += Now() - t0;
-      void* d = dx[static_cast<size_t>(a)].data();
+      void* d = dx[Slot(a)].data();
       RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, acc, DType::kF32, a > 0, block_scratch.data(),
                                             block_scratch.bytes()));
       RETURN_IF_ERROR(pf.Release(in, false, stream()));
     }
-    RETURN_IF_ERROR(FinishGrad(sh, acc, acquired));
+    if (!accum_across || last) {
+      RETURN_IF_ERROR(FinishGrad(sh, acc, acquired));
+      // The accumulator is rewritten from scratch by the next step's first
+      // micro-batch: it need not go home.
+      if (accum_across && !f32) RETURN_IF_ERROR(pf.Release(sh.gacc, false, stream()));
+    } else {
+      RETURN_IF_ERROR(pf.Release(acc_id, true, stream()));
+    }
     RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
   }
   // Embedding backward: d wte += by token (the head wrote its part), d wpe.
   Shard& emb = shards.front();
-  void* eacc = grad_dtype == DType::kF32 ? emb_grad_view.data : emb_acc.data();
-  for (int64_t a = 0; a < A; ++a)
+  void* eacc = f32 ? emb_grad_view.data : emb_acc.data();
+  for (int64_t a = a0; a < a1; ++a)
     RETURN_IF_ERROR(layers->EmbeddingBackward(eacc, DType::kF32, true, tokens_dev.as<int32_t>() + a * BT,
-                                              dx[static_cast<size_t>(a)].data()));
-  RETURN_IF_ERROR(FinishGrad(emb, eacc, grad_dtype == DType::kF32 ? eacc : nullptr));
-  emb_grad_view = TensorView{};
-  return Status::OK();
+                                              dx[Slot(a)].data()));
+  Status st;
+  if (last) st = FinishGrad(emb, eacc, f32 ? eacc : nullptr);
+  else if (f32) st = pf.Release(emb.g, true, stream());
+  if (f32) emb_grad_view = TensorView{};
+  return st;
 }
 
 // ---- the optimizer (its own thread) ---------------------------------------------------
@@ -1506,11 +1589,19 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   const double scale = I.scaler->scale();
 
   double wait = 0;
-  RETURN_IF_ERROR(I.Forward(&wait));
-  if (I.cfg.wall_clock_breakdown) RETURN_IF_ERROR(I.backend->Synchronize());
-  double t1 = Now();
-  RETURN_IF_ERROR(I.Head(scale / static_cast<double>(std::max<int64_t>(valid, 1))));
-  RETURN_IF_ERROR(I.Backward(&wait));
+  const double dloss = scale / static_cast<double>(std::max<int64_t>(valid, 1));
+  double fwd_s = 0;
+  // Layer-major: one pass over the layers with every micro-batch; micro-
+  // batch-major: one pass per micro-batch (forward, head, backward).
+  const int64_t per = I.layer_major ? I.A : 1;
+  for (int64_t a0 = 0; a0 < I.A; a0 += per) {
+    double f0 = a0 == 0 ? t0 : Now();  // the first forward counts the step's input checks and copies
+    RETURN_IF_ERROR(I.Forward(a0, a0 + per, &wait));
+    if (I.cfg.wall_clock_breakdown) RETURN_IF_ERROR(I.backend->Synchronize());
+    fwd_s += Now() - f0;
+    RETURN_IF_ERROR(I.Head(a0, a0 + per, dloss));
+    RETURN_IF_ERROR(I.Backward(a0, a0 + per, &wait));
+  }
   RETURN_IF_ERROR(I.backend->Synchronize());
   // The gradients' write-backs: the optimizer needs them first thing, and the
   // step's bytes are all counted before it starts.
@@ -1561,7 +1652,11 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   }
   RETURN_IF_ERROR(I.scaler->Update(overflow));
   {
-    std::lock_guard<std::mutex> lk(I.mu);
+    // The previous job is over for every worker (its shards are all updated
+    // — the forward waited for them — but a worker may still be on its way
+    // out): a job is never replaced under a worker that has not finished it.
+    std::unique_lock<std::mutex> lk(I.mu);
+    I.cv.wait(lk, [&] { return !I.job.has_value(); });
     I.job = job;
     ++I.job_seq;
     I.next_shard = 0;
@@ -1575,8 +1670,8 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
   r.step = I.step;
   r.tokens = I.A * I.B * I.T;
   r.seconds = t2 - t0;
-  r.forward_s = t1 - t0;
-  r.backward_s = t2 - t1;
+  r.forward_s = fwd_s;
+  r.backward_s = t2 - t0 - fwd_s;  // head and backward (and, micro-batch-major, everything but the forwards)
   r.wait_s = wait;
   {
     std::lock_guard<std::mutex> lk(I.mu);

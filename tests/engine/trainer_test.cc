@@ -180,6 +180,70 @@ TEST(Trainer, GpuAssistedOptimizerNeedsHostStateAndResidentParameters) {
   EXPECT_EQ(r.optimizer_gpu_share, 0.0);
 }
 
+// Micro-batch-major runs each micro-batch through the whole model and keeps
+// one micro-batch's checkpoints; the gradients accumulate in fp32 across the
+// micro-batches in the same order as layer-major's, so the losses are the
+// same bits, resident or offloaded, fp32 or bf16.
+void ExpectSchedulesAgree(bool bf16, bool offload, int64_t accum) {
+  SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + (offload ? ", offloaded" : ", resident") + ", accumulation " +
+               std::to_string(accum));
+  TempDir nvme;
+  TrainOptions lm = Tiny(3);
+  lm.config.bf16 = bf16;
+  lm.config.grad_accum = accum;
+  lm.config.train_batch_size = lm.config.micro_batch * accum;
+  if (offload) {
+    // Parameters streamed, checkpoints and (bf16) gradients on the host,
+    // optimizer state on NVMe: every accumulator crosses PCIe between
+    // micro-batches.
+    lm.config.zero.offload_optimizer.device = "nvme";
+    lm.config.zero.offload_optimizer.nvme_path = nvme.path();
+    lm.config.zero.offload_param.device = "cpu";
+    lm.config.activation_checkpointing.cpu_checkpointing = true;
+    lm.gpu_memory_limit = (bf16 ? 2000 : 2600) * kKiB;
+  }
+  TrainOptions mb = lm;
+  mb.config.trainer.schedule = "micro-batch-major";
+  std::string plan_l, plan_m;
+  auto a = Losses(lm, 3, &plan_l);
+  auto b = Losses(mb, 3, &plan_m);
+  EXPECT_THAT(plan_l, HasSubstr("schedule: layer-major"));
+  EXPECT_THAT(plan_m, HasSubstr("schedule: micro-batch-major"));
+  ASSERT_EQ(a.size(), 3u);
+  ASSERT_EQ(b.size(), 3u);
+  // The first step's loss is the same bits; later ones differ only through
+  // the embedding gradient's summation order (head and token-scatter
+  // contributions interleave by micro-batch), a few ulps of fp32.
+  EXPECT_EQ(a[0], b[0]);
+  const double tol = bf16 ? 1e-3 : 1e-7;
+  for (size_t i = 1; i < a.size(); ++i)
+    EXPECT_NEAR(a[i], b[i], tol * std::abs(a[i])) << "step " << i + 1 << "\n" << plan_l << plan_m;
+  if (offload && bf16) {
+    EXPECT_THAT(plan_m, HasSubstr("bf16 on the host")) << plan_m;
+  }
+  EXPECT_LT(a.back(), a.front());
+}
+
+TEST(Trainer, MicroBatchMajorGivesTheLayerMajorLosses) {
+  for (bool bf16 : {false, true})
+    for (bool offload : {false, true}) ExpectSchedulesAgree(bf16, offload, 3);
+  ExpectSchedulesAgree(true, false, 1);
+}
+
+TEST(Trainer, MicroBatchMajorKeepsOneMicroBatchOfCheckpoints) {
+  TrainOptions o = Tiny(1);
+  o.config.bf16 = true;
+  o.config.grad_accum = 4;
+  o.config.train_batch_size = o.config.micro_batch * 4;
+  ASSERT_OK_AND_ASSIGN(std::string lm, Trainer::DryRun(o));
+  o.config.trainer.schedule = "micro-batch-major";
+  ASSERT_OK_AND_ASSIGN(std::string mb, Trainer::DryRun(o));
+  // Checkpoints: 3 sets (x_0..x_2) of 4 micro-batches x 4 x 32 x 64 bf16 = 16 KiB
+  // each, against one micro-batch's.
+  EXPECT_THAT(lm, HasSubstr("activation checkpoints                              192 KiB"));
+  EXPECT_THAT(mb, HasSubstr("activation checkpoints                             48.0 KiB"));
+}
+
 TEST(Trainer, ResumeIsBitIdentical) {
   TempDir dir;
   TrainOptions o = Tiny(6);
