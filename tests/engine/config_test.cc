@@ -105,6 +105,10 @@ TEST(Config, BadValuesNameTheAllowedOnes) {
   EXPECT_THAT(Err(R"({"model": {"n_embd": 100, "n_head": 3}})"), HasSubstr("does not divide"));
   EXPECT_THAT(Err(R"({"zero_optimization": {"prefetch_bucket_size": 10, "stage3_prefetch_bucket_size": 20}})"),
               HasSubstr("keep one"));
+  EXPECT_THAT(Err(R"({"trainer": {"schedule": "sideways"}})"),
+              AllOf(HasSubstr("trainer.schedule"), HasSubstr("layer-major"), HasSubstr("micro-batch-major")));
+  EXPECT_THAT(Err(R"({"trainer": {"gpu_assisted_optimizer": "maybe"}})"),
+              AllOf(HasSubstr("trainer.gpu_assisted_optimizer"), HasSubstr("auto")));
 }
 
 TEST(Config, IgnoringWhatChangesTheResultIsAnError) {
