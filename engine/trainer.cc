@@ -909,7 +909,7 @@ void Trainer::Impl::ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) 
     if (!accum_across || last) {
       if (!f32) s->Acquire(sh.g, Access::kWriteDiscard);
       s->Release(sh.g);
-      if (accum_across && !f32) s->Release(sh.gacc);
+      if (accum_across && !f32) s->Release(sh.gacc, /*discard=*/true);
     } else {
       s->Release(acc);
     }

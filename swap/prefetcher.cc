@@ -317,6 +317,9 @@ Result<std::vector<ScheduleTraffic>> SimulateTraffic(const AccessSchedule& sched
         }
         valid[e.tensor] = true;
         if (e.writes()) dirty[e.tensor] = true;
+      } else if (e.discard) {
+        dirty[e.tensor] = false;
+        if (m.drop) valid[e.tensor] = false;
       } else if (m.drop) {
         if (dirty[e.tensor]) {
           c.writeback_bytes += bytes;

@@ -43,10 +43,11 @@ void AccessSchedule::Acquire(TensorId id, Access access, bool refresh) {
   finished_ = false;
 }
 
-void AccessSchedule::Release(TensorId id) {
+void AccessSchedule::Release(TensorId id, bool discard) {
   ScheduleEvent e;
   e.type = ScheduleEvent::kRelease;
   e.tensor = Index(id);
+  e.discard = discard;
   events_.push_back(e);
   finished_ = false;
 }

@@ -45,6 +45,9 @@ struct ScheduleEvent {
   // refreshes it, so once nothing holds it the copy is not needed on the tier
   // any more (the contents it has are wanted at home or nowhere).
   bool ends_life = false;
+  // Releases only: the holder's writes are not wanted anywhere (the caller
+  // releases the copy clean: nothing goes home for it).
+  bool discard = false;
   bool reads() const { return type == kAcquire && access != Access::kWriteDiscard; }
   bool writes() const { return type == kAcquire && access != Access::kRead; }
 };
@@ -67,7 +70,10 @@ class AccessSchedule {
   void Describe(TensorId id, uint64_t bytes, TierKind home, std::string name = {});
   Status DescribeFrom(const TierStore& store);
   void Acquire(TensorId id, Access access, bool refresh = false);
-  void Release(TensorId id);
+  // `discard`: the writes made under this hold are dropped, not written home
+  // (the caller's Release says dirty = false; e.g. an accumulator whose
+  // contents the next cycle overwrites).
+  void Release(TensorId id, bool discard = false);
   // Checks the sequence and indexes it. InvalidArgument when it is empty, a
   // tensor used is not described or cannot have a copy on the schedule's
   // tier (its home is faster), a tensor is released without being acquired,

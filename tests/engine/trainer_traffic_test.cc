@@ -171,3 +171,41 @@ TEST(TrainerTrafficRoomy, LossesDoNotDependOnTheRoom) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// Micro-batch-major under the same tight budgets: each micro-batch streams
+// the blocks and its checkpoints, the gradient accumulators cross between
+// micro-batches when they live on the host, and still every step moves
+// exactly the schedule's bytes, with no reload the prefetcher did not plan.
+TEST(TrainerTrafficMicroBatchMajor, BytesPerStepAreTheSchedules) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp32");
+    TrainOptions o = Streamed(8, bf16, (bf16 ? 2000 : 2900) * kKiB);
+    o.config.trainer.schedule = "micro-batch-major";
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+    const Plan plan = t->plan();
+    const std::string table = t->PlanTable();
+    ASSERT_FALSE(plan.params_resident) << table;
+    ASSERT_FALSE(plan.layer_major) << table;
+    ASSERT_TRUE(plan.traffic_scheduled);
+    const Sizes s = SizesOf(o);
+    // Every block goes up at least once per step; every gradient comes down.
+    EXPECT_GE(plan.h2d, 8 * s.block + s.upload) << table;
+    EXPECT_GE(plan.d2h, s.grads) << table;
+    for (int step = 1; step <= 4; ++step) {
+      ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+      if (step == 1) continue;
+      EXPECT_EQ(r.h2d, plan.h2d) << "step " << step << "\n" << table;
+      EXPECT_EQ(r.d2h, plan.d2h) << "step " << step << "\n" << table;
+    }
+    TrainerInfo info = t->Info();
+    EXPECT_EQ(info.swap_forced, 0u);
+    EXPECT_EQ(info.gpu_evictions, info.swap_evictions);
+  }
+}
+
+}  // namespace
+}  // namespace strata
