@@ -286,6 +286,26 @@ TEST(SimulateTraffic, WrittenCopiesGoHomeOncePerCycle) {
   }
 }
 
+TEST(SimulateTraffic, DiscardedWritesDoNotGoHome) {
+  // An accumulator: written by the first hold, read and written by the
+  // second; the next cycle overwrites it. Its copy ends its life at the
+  // second release: written home, unless that release discards the writes.
+  for (bool discard : {false, true}) {
+    AccessSchedule s(kGpu);
+    s.Acquire(TensorId{1}, Access::kWriteDiscard);
+    s.Release(TensorId{1});
+    s.Acquire(TensorId{1}, Access::kReadWrite);
+    s.Release(TensorId{1}, discard);
+    s.Describe(TensorId{1}, 1000, kHost);
+    ASSERT_OK(s.Finish());
+    ASSERT_OK_AND_ASSIGN(auto t, SimulateTraffic(s, 4096, 256));
+    for (const auto& c : t) {
+      EXPECT_EQ(c.writebacks, discard ? 0u : 1u) << discard;
+      EXPECT_EQ(c.loads, 0u) << discard;  // kept between the holds
+    }
+  }
+}
+
 // A training step in miniature: forward over L blocks with A micro-batches
 // (checkpoints written, then read by the next block), a head, backward in
 // reverse (checkpoints read again, gradients written); the "optimizer" writes
