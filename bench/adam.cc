@@ -321,35 +321,61 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-template <int SS, int GS, int OS, bool kPf>
-__attribute__((target("avx512f,avx512bw"))) uint64_t RoofTileAvx512Impl(const RoofTile& t) {
-  __m512i acc = _mm512_setzero_si512();
+template <int SS, int GS, int OS>
+__attribute__((target("avx512f,avx512bw"), always_inline)) inline void RoofVec512(const RoofTile& t, size_t i,
+                                                                                  __m512i& acc) {
   const __m512i one = _mm512_set1_epi32(1);
   const __m256i one8 = _mm256_set1_epi32(1);
-  size_t i = 0;
-  const size_t full = t.n - t.n % 16;
-  for (; i < full; i += 16) {
-    if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
-    const __m512i x = _mm512_add_epi32(_mm512_loadu_si512(t.p + i * 4), one);
+  __m512i g;
+  if constexpr (GS == 4) g = _mm512_loadu_si512(t.g + i * 4);
+  else g = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g + i * 2)));
+  const __m512i x = _mm512_add_epi32(_mm512_loadu_si512(t.p + i * 4), one);
+  if constexpr (SS == 4) {
+    const __m512i m = _mm512_add_epi32(_mm512_loadu_si512(t.m + i * 4), one);
+    const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(t.v + i * 4), one);
     _mm512_storeu_si512(t.p + i * 4, x);
-    if constexpr (SS == 4) {
-      _mm512_storeu_si512(t.m + i * 4, _mm512_add_epi32(_mm512_loadu_si512(t.m + i * 4), one));
-      _mm512_storeu_si512(t.v + i * 4, _mm512_add_epi32(_mm512_loadu_si512(t.v + i * 4), one));
-    } else {
-      __m256i* m = reinterpret_cast<__m256i*>(t.m + i * 2);
-      __m256i* v = reinterpret_cast<__m256i*>(t.v + i * 2);
-      _mm256_storeu_si256(m, _mm256_add_epi32(_mm256_loadu_si256(m), one8));
-      _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), one8));
-    }
-    if constexpr (GS == 4) {
-      acc = _mm512_xor_si512(acc, _mm512_loadu_si512(t.g + i * 4));
-    } else {
-      const __m256i g = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g + i * 2));
-      acc = _mm512_xor_si512(acc, _mm512_castsi256_si512(g));
-    }
-    if constexpr (OS == 4) _mm512_stream_si512(reinterpret_cast<__m512i*>(t.out + i * 4), x);
-    if constexpr (OS == 2) _mm256_stream_si256(reinterpret_cast<__m256i*>(t.out + i * 2), _mm512_castsi512_si256(x));
+    _mm512_storeu_si512(t.m + i * 4, m);
+    _mm512_storeu_si512(t.v + i * 4, v);
+  } else {
+    __m256i* mp = reinterpret_cast<__m256i*>(t.m + i * 2);
+    __m256i* vp = reinterpret_cast<__m256i*>(t.v + i * 2);
+    const __m256i m = _mm256_add_epi32(_mm256_loadu_si256(mp), one8);
+    const __m256i v = _mm256_add_epi32(_mm256_loadu_si256(vp), one8);
+    _mm512_storeu_si512(t.p + i * 4, x);
+    _mm256_storeu_si256(mp, m);
+    _mm256_storeu_si256(vp, v);
   }
+  acc = _mm512_xor_si512(acc, g);
+  if constexpr (OS == 4) _mm512_stream_si512(reinterpret_cast<__m512i*>(t.out + i * 4), x);
+  if constexpr (OS == 2) _mm256_stream_si256(reinterpret_cast<__m256i*>(t.out + i * 2), _mm512_castsi512_si256(x));
+}
+
+template <int SS, int GS, int OS, bool kPf>
+__attribute__((target("avx512f,avx512bw"))) uint64_t RoofTileAvx512Impl(const RoofTile& t) {
+  // The Adam loop's shape (optim/adam_body.h): groups of 32 elements, each
+  // read stream's lines of the group prefetched t.pf bytes ahead first; then
+  // per 16 elements the gradient, master, m and v loaded, a trivial update,
+  // master, m and v stored and the copy streamed out.
+  __m512i acc = _mm512_setzero_si512();
+  size_t i = 0;
+  if constexpr (kPf) {
+    constexpr size_t kGroup = 32;
+    const int hint = t.hint;
+    auto lines = [&](const uint8_t* base, size_t bytes) {
+      for (size_t o = 0; o < bytes; o += 64) Prefetch(base + t.pf + o, hint);
+    };
+    // Groups whose prefetches stay inside the shard (t.pf_stop counts 16s).
+    for (; i + kGroup <= t.n && i + kGroup <= t.pf_stop; i += kGroup) {
+      lines(t.p + i * 4, kGroup * 4);
+      lines(t.m + i * SS, kGroup * SS);
+      lines(t.v + i * SS, kGroup * SS);
+      lines(t.g + i * GS, kGroup * GS);
+      RoofVec512<SS, GS, OS>(t, i, acc);
+      RoofVec512<SS, GS, OS>(t, i + 16, acc);
+    }
+  }
+  const size_t full = t.n - t.n % 16;
+  for (; i < full; i += 16) RoofVec512<SS, GS, OS>(t, i, acc);
   alignas(64) uint64_t lanes[8];
   _mm512_store_si512(lanes, acc);  // (no _mm512_reduce_*: GCC 12 warns inside it)
   uint64_t folded = 0;
