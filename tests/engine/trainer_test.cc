@@ -244,19 +244,24 @@ TEST(Trainer, MicroBatchMajorKeepsOneMicroBatchOfCheckpoints) {
   EXPECT_THAT(mb, HasSubstr("activation checkpoints                             48.0 KiB"));
 }
 
-TEST(Trainer, ResumeIsBitIdentical) {
+void ExpectResumeIsBitIdentical(const std::string& schedule) {
+  SCOPED_TRACE(schedule);
   TempDir dir;
-  TrainOptions o = Tiny(6);
-  auto straight = Losses(o, 6);
+  auto tiny = [&](int64_t steps) {
+    TrainOptions o = Tiny(steps);
+    o.config.trainer.schedule = schedule;
+    return o;
+  };
+  auto straight = Losses(tiny(6), 6);
   ASSERT_EQ(straight.size(), 6u);
 
   std::ostringstream log;
   {
-    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(Tiny(3), log));
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(tiny(3), log));
     for (int i = 0; i < 3; ++i) ASSERT_OK(t->Step().status());
     ASSERT_OK(t->Save(dir.path()));
   }
-  TrainOptions r = Tiny(6);
+  TrainOptions r = tiny(6);
   r.resume_dir = dir.path();
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(r, log));
   EXPECT_EQ(t->step(), 3);
@@ -264,6 +269,11 @@ TEST(Trainer, ResumeIsBitIdentical) {
     ASSERT_OK_AND_ASSIGN(StepReport rep, t->Step());
     EXPECT_EQ(rep.loss, straight[static_cast<size_t>(i)]) << "step " << i + 1;
   }
+}
+
+TEST(Trainer, ResumeIsBitIdentical) {
+  ExpectResumeIsBitIdentical("layer-major");
+  ExpectResumeIsBitIdentical("micro-batch-major");
 }
 
 TEST(Trainer, CheckpointIsHuggingFaceSafetensors) {
