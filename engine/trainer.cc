@@ -256,7 +256,7 @@ struct Trainer::Impl {
   size_t next_shard = 0;              // GUARDED_BY(mu): the next shard to claim
   int job_workers = 0;                // GUARDED_BY(mu): workers still on the job
   double job_t0 = 0;                  // GUARDED_BY(mu)
-  uint64_t assist_params = 0, job_params = 0;  // GUARDED_BY(mu): updated on the GPU / in all, this job
+  uint64_t assist_params = 0;         // GUARDED_BY(mu): parameters the GPU-assisted worker updated, this job
   double assist_share = 0;            // GUARDED_BY(mu): of the last job
   std::vector<CopyTicket> uploads;    // GUARDED_BY(mu): per shard, the upload of its new parameters
   bool stop = false;                  // GUARDED_BY(mu)
@@ -982,7 +982,10 @@ Status Trainer::Impl::Forward(int64_t a0, int64_t a1, double* wait_s) {
   const int64_t BT = B * T;
   Shard& emb = shards.front();
   Prefetcher& pf = *prefetcher;
-  RETURN_IF_ERROR(WaitShard(0, wait_s));
+  // The optimizer's updates are waited for (and their uploads ordered) once,
+  // by the step's first pass; later micro-batches find them done.
+  const bool first = a0 == 0;
+  if (first) RETURN_IF_ERROR(WaitShard(0, wait_s));
   ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
   for (int64_t a = a0; a < a1; ++a) {
     TensorId x0 = ck[0][Slot(a)];
@@ -993,7 +996,7 @@ Status Trainer::Impl::Forward(int64_t a0, int64_t a1, double* wait_s) {
   RETURN_IF_ERROR(pf.Release(emb.p, false, stream()));
   for (int64_t l = 0; l < L; ++l) {
     size_t si = static_cast<size_t>(l) + 1;
-    RETURN_IF_ERROR(WaitShard(si, wait_s));
+    if (first) RETURN_IF_ERROR(WaitShard(si, wait_s));
     Shard& sh = shards[si];
     double t0 = Now();
     ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
@@ -1020,7 +1023,7 @@ Status Trainer::Impl::Head(int64_t a0, int64_t a1, double dloss) {
   Shard& emb = shards.front();
   Shard& lnf = shards.back();
   Prefetcher& pf = *prefetcher;
-  RETURN_IF_ERROR(WaitShard(shards.size() - 1, nullptr));
+  if (a0 == 0) RETURN_IF_ERROR(WaitShard(shards.size() - 1, nullptr));
   ASSIGN_OR_RETURN(TensorView e, pf.Acquire(emb.p, Access::kRead));
   ASSIGN_OR_RETURN(TensorView f, pf.Acquire(lnf.p, Access::kRead));
   // Gradient accumulators: the store's GPU copies themselves in fp32 mode,
@@ -1189,14 +1192,16 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
       std::lock_guard<std::mutex> lk(mu);
       if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
       updated[s] = j.step;
-      job_params += static_cast<uint64_t>(shards[s].numel);
       if (gpu_worker) assist_params += static_cast<uint64_t>(shards[s].numel);
       cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu);
     if (--job_workers == 0) {
       opt_seconds = Now() - job_t0;
-      assist_share = job_params ? static_cast<double>(assist_params) / static_cast<double>(job_params) : 0;
+      // Every shard is claimed once per job: the total is the model's.
+      uint64_t total = 0;
+      for (const Shard& sh : shards) total += static_cast<uint64_t>(sh.numel);
+      assist_share = total ? static_cast<double>(assist_params) / static_cast<double>(total) : 0;
       job.reset();
     }
     cv.notify_all();
@@ -1403,11 +1408,18 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
     }
     sl.down.clear();
   }
-  (void)store->Release(sh.g, gtier, false, nullptr);
-  if (w.ok()) RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, st.ok()));
-  if (m.ok()) RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, st.ok()));
-  if (v.ok()) RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, st.ok()));
-  if (p.ok()) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, st.ok(), nullptr));
+  // Every pin is released whatever failed; the first error is reported.
+  const bool written = st.ok();
+  auto release = [&](bool held, TensorId id, TierKind tier, bool dirty) {
+    if (!held) return;
+    Status r = store->Release(id, tier, dirty, nullptr);
+    if (st.ok()) st = r;
+  };
+  release(true, sh.g, gtier, false);
+  release(w.ok(), sh.w, TierKind::kHost, written);
+  release(m.ok(), sh.m, TierKind::kHost, written);
+  release(v.ok(), sh.v, TierKind::kHost, written);
+  release(p.ok(), sh.p, TierKind::kGpu, written);
   return st;
 }
 
@@ -1662,7 +1674,7 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
     I.next_shard = 0;
     I.job_workers = I.assist ? 2 : 1;
     I.job_t0 = Now();
-    I.job_params = I.assist_params = 0;
+    I.assist_params = 0;
     I.cv.notify_all();
   }
   I.step = job.step;
