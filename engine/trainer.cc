@@ -302,6 +302,11 @@ struct Trainer::Impl {
   TrainState CurrentState() const;
 
   void* stream() const { return backend->native_stream(); }
+  uint64_t MaxShardNumel() const {
+    int64_t n = 0;
+    for (const Shard& sh : shards) n = std::max(n, sh.numel);
+    return static_cast<uint64_t>(n);
+  }
   bool cuda() const { return backend->kind() == kernels::BackendKind::kCuda; }
 };
 
@@ -510,11 +515,10 @@ Status Trainer::Impl::SetUpAssist() {
       return Status::OK();
     }
   GpuTier* gt = store->gpu_tier();
-  int64_t max_numel = 0;
-  for (const Shard& sh : shards) max_numel = std::max(max_numel, sh.numel);
+  const uint64_t max_numel = MaxShardNumel();
   // 4 Mi parameters a chunk: about a millisecond of PCIe each way, small
   // next to a shard (tens of chunks), large next to a copy's fixed cost.
-  assist_chunk = std::min<uint64_t>(4ull << 20, static_cast<uint64_t>(max_numel));
+  assist_chunk = std::min<uint64_t>(4ull << 20, max_numel);
   if (opt.assist_chunk_params) assist_chunk = std::min<uint64_t>(opt.assist_chunk_params, assist_chunk);
   const uint64_t per = assist_chunk * (12 + DTypeSize(grad_dtype));
   const TierUsage u = gt->usage();
@@ -642,15 +646,14 @@ Status Trainer::Impl::CreateTensors() {
     }
 
   if (plan.optimizer != TierKind::kGpu) {
-    int64_t max_numel = 0;
-    for (const auto& s : shards) max_numel = std::max(max_numel, s.numel);
+    const uint64_t max_numel = MaxShardNumel();
     HostTier* ht = store->host_tier();
     if (plan.grads == TierKind::kGpu) {
       ASSIGN_OR_RETURN(grad_staging,
-                       ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(grad_dtype), "gradient staging"));
+                       ht->Allocate(max_numel * DTypeSize(grad_dtype), "gradient staging"));
     }
     for (TierBlock& b : param_staging) {
-      ASSIGN_OR_RETURN(b, ht->Allocate(static_cast<uint64_t>(max_numel) * DTypeSize(dtype), "parameter staging"));
+      ASSIGN_OR_RETURN(b, ht->Allocate(max_numel * DTypeSize(dtype), "parameter staging"));
     }
   }
   tok_host.resize(static_cast<size_t>(A * B * T));
