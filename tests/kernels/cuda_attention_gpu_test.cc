@@ -5,6 +5,8 @@
 // Every flash kernel variant (kFlashVariants) is checked against the CPU and
 // for bitwise run-to-run determinism.
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -117,14 +119,25 @@ TEST_P(CudaAttentionTest, BackwardMatchesCpu) {
   {
     auto g = mir.Gpu(dqkv, dt), r = mir.Ref(dqkv, dt);
     const char* part[] = {"dq", "dk", "dv"};
-    for (int p = 0; p < 3; ++p) {
-      std::vector<double> gp, rp;
+    std::vector<double> gp[3], rp[3];
+    for (int p = 0; p < 3; ++p)
       for (int64_t row = 0; row < c.B * c.T; ++row)
         for (int64_t j = 0; j < C_; ++j) {
-          gp.push_back(g[row * 3 * C_ + p * C_ + j]);
-          rp.push_back(r[row * 3 * C_ + p * C_ + j]);
+          gp[p].push_back(g[row * 3 * C_ + p * C_ + j]);
+          rp[p].push_back(r[row * 3 * C_ + p * C_ + j]);
         }
-      EXPECT_LE(RelErr(gp, rp), OutTol()) << part[p] << " (" << path << ")";
+    for (int p = 0; p < 3; ++p) {
+      if (c.T == 1 && p < 2) {
+        // One position: the softmax is the constant 1, so dq and dk are
+        // exactly zero and both backends return rounding noise (dP - D of
+        // a bf16 O); a relative error of noise against noise says nothing.
+        // They must be noise at the scale of the gradient that is not zero.
+        EXPECT_LE(std::sqrt(std::inner_product(gp[p].begin(), gp[p].end(), gp[p].begin(), 0.0)),
+                  OutTol() * std::sqrt(std::inner_product(rp[2].begin(), rp[2].end(), rp[2].begin(), 0.0)))
+            << part[p] << " (" << path << ") is not ~0 at T = 1";
+        continue;
+      }
+      EXPECT_LE(RelErr(gp[p], rp[p]), OutTol()) << part[p] << " (" << path << ")";
     }
   }
 
