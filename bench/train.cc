@@ -24,7 +24,9 @@
 //
 // Flags: --layers --d --heads --seq --batch --vocab pick another shape;
 // --steps (timed steps), --warmup; --dtype, --grad-dtype; --attention
-// auto|flash|simple; --no-profile; --backend cuda|cpu (cpu: a smoke test on
+// auto|flash|simple; --recompute-last (recompute the last block too, as a
+// checkpoint of every block would; by default its forward's internals are
+// kept for its backward); --no-profile; --backend cuda|cpu (cpu: a smoke test on
 // the CPU backend with a tiny default shape, never a performance figure).
 #include <algorithm>
 #include <cmath>
@@ -63,6 +65,7 @@ struct TrainOptions {
   std::string dtype = "bf16", grad_dtype = "bf16", attention = "auto";
   int64_t peak_size = 0;  // 0: 8192 on CUDA, 1024 on the CPU
   bool profile = true;
+  bool recompute_last = false;
   uint64_t seed = 1234;
 };
 
@@ -161,7 +164,7 @@ int RunResident(const TrainOptions& o) {
             << "model: " << cfg.n_layer << " layers, d " << cfg.n_embd << ", " << cfg.n_head
             << " heads, vocab " << cfg.vocab_size << " (padded " << cfg.Vp() << "), seq " << T
             << ", micro-batch " << B << ", " << o.dtype << " (grads " << o.grad_dtype
-            << "), per-layer recompute\n";
+            << "), per-layer recompute" << (o.recompute_last ? "" : " (the last block's internals kept)") << "\n";
 
   const int64_t peak_n = pick(o.peak_size, cpu ? 1024 : 8192);
   const double peak = BENCH_VALUE(MeasureGemmPeak(be.get(), peak_n, *dtype));
@@ -172,6 +175,7 @@ int RunResident(const TrainOptions& o) {
   mo.grad_dtype = *grad_dtype;
   mo.batch = B;
   mo.seq = T;
+  mo.keep_last_block = !o.recompute_last;
   auto model = BENCH_VALUE(GptModel::Create(be.get(), cfg, mo));
   BENCH_CHECK_OK(model->InitRandom(o.seed));
   std::vector<int32_t> tokens(B * T), targets(B * T);
@@ -209,6 +213,7 @@ int RunResident(const TrainOptions& o) {
                 {"dtype", o.dtype},
                 {"grad_dtype", o.grad_dtype},
                 {"attention", o.attention},
+                {"recompute", o.recompute_last ? "every block" : "every block but the last"},
                 {"parameters", N},
                 {"steps", o.steps},
                 {"step_times_s", times},
@@ -321,6 +326,8 @@ int RunTrain(int argc, char** argv) {
       "grad-dtype", po::value(&o.grad_dtype)->default_value("bf16"), "gradients (bf16 or f32)")(
       "attention", po::value(&o.attention)->default_value("auto"), "auto, flash or simple")(
       "peak-size", po::value(&o.peak_size), "n of the n^3 GEMM measuring the peak (default 8192)")(
+      "recompute-last", po::bool_switch(&o.recompute_last),
+      "recompute the last block in backward too (default: its forward's internals are kept)")(
       "no-profile", po::bool_switch(&no_profile), "skip the per-op profiled step");
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;

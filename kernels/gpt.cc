@@ -236,8 +236,9 @@ Status GptLayers::CheckScratch(const char* op, const void* scratch, size_t bytes
   return Status::OK();
 }
 
-// Everything the block computes from x_in, into the scratch slots (x1 too).
-Status GptLayers::Recompute(const void* params, const void* x_in, char* s) const {
+// Everything the block computes from x_in, into the scratch slots (x1 too;
+// the GELU pre-activation only when `gelu_aux`).
+Status GptLayers::Recompute(const void* params, const void* x_in, char* s, bool gelu_aux) const {
   Backend& be = *backend_;
   const GptConfig& c = config_;
   const int64_t N = B_ * T_, C = c.n_embd;
@@ -283,16 +284,17 @@ Status GptLayers::Recompute(const void* params, const void* x_in, char* s) const
   g.ab_dtype = g.c_dtype = dtype_;
   g.m = N, g.n = 4 * C, g.k = C;
   g.a = s + p.ln2, g.lda = C, g.b = W(L.fc_w), g.ldb = 4 * C;
-  g.c = s + p.h, g.ldc = 4 * C, g.bias = W(L.fc_b), g.gelu = true, g.gelu_aux = s + p.pre;
+  g.c = s + p.h, g.ldc = 4 * C, g.bias = W(L.fc_b), g.gelu = true;
+  if (gelu_aux) g.gelu_aux = s + p.pre;
   return be.Gemm(g);
 }
 
 Status GptLayers::BlockForward(const void* params, const void* x_in, void* x_out, void* scratch,
-                               size_t scratch_bytes) const {
+                               size_t scratch_bytes, Internals internals) const {
   RETURN_IF_ERROR(CheckScratch("BlockForward", scratch, scratch_bytes, block_scratch_bytes_));
   if (x_out == x_in) return InvalidArgument("BlockForward: x_out must not alias x_in");
   char* s = static_cast<char*>(scratch);
-  RETURN_IF_ERROR(Recompute(params, x_in, s));
+  RETURN_IF_ERROR(Recompute(params, x_in, s, internals == Internals::kKept));
   const int64_t N = B_ * T_, C = config_.n_embd;
   const size_t es = DTypeSize(dtype_);
   const BlockPlan p = PlanBlock(*backend_, config_, B_, T_, dtype_);
@@ -313,14 +315,14 @@ Status GptLayers::BlockForward(const void* params, const void* x_in, void* x_out
 
 Status GptLayers::BlockBackward(const void* params, const void* x_in, const void* d_out, void* d_in,
                                 void* grads, DType grad_dtype, bool accumulate, void* scratch,
-                                size_t scratch_bytes) const {
+                                size_t scratch_bytes, Internals internals) const {
   RETURN_IF_ERROR(CheckScratch("BlockBackward", scratch, scratch_bytes, block_scratch_bytes_));
   if (d_in == x_in) return InvalidArgument("BlockBackward: d_in must not alias x_in");
   if (!IsFloating(grad_dtype))
     return InvalidArgument("BlockBackward: grad_dtype " + std::string(DTypeName(grad_dtype)) +
                            " is not a float type");
   char* s = static_cast<char*>(scratch);
-  RETURN_IF_ERROR(Recompute(params, x_in, s));
+  if (internals == Internals::kNotKept) RETURN_IF_ERROR(Recompute(params, x_in, s, true));
   Backend& be = *backend_;
   const GptConfig& c = config_;
   const int64_t N = B_ * T_, C = c.n_embd;
@@ -584,9 +586,14 @@ Result<std::unique_ptr<GptModel>> GptModel::Create(Backend* backend, const GptCo
   m->acts_.resize(static_cast<size_t>(config.n_layer + 1));
   for (auto& a : m->acts_) RETURN_IF_ERROR(alloc(static_cast<size_t>(N * C) * es, &a));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N * C) * es, &m->dx_));
-  const size_t scratch =
-      std::max(m->layers_.block_scratch_bytes(), m->layers_.head_scratch_bytes(o.head_chunk_rows));
-  RETURN_IF_ERROR(alloc(scratch, &m->scratch_));
+  const size_t block_scratch = m->layers_.block_scratch_bytes();
+  const size_t head_scratch = m->layers_.head_scratch_bytes(o.head_chunk_rows);
+  if (o.keep_last_block) {
+    RETURN_IF_ERROR(alloc(block_scratch, &m->scratch_));
+    RETURN_IF_ERROR(alloc(head_scratch, &m->head_scratch_));
+  } else {
+    RETURN_IF_ERROR(alloc(std::max(block_scratch, head_scratch), &m->scratch_));
+  }
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N) * 4, &m->tokens_));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N) * 4, &m->targets_));
   RETURN_IF_ERROR(alloc(static_cast<size_t>(N) * StatBytes(o.dtype), &m->losses_));
@@ -756,9 +763,13 @@ Result<double> GptModel::ForwardBackward(const int32_t* tokens, const int32_t* t
   const DType gd = options_.grad_dtype;
   const int32_t* tok = tokens_.as<int32_t>();
   RETURN_IF_ERROR(layers_.EmbeddingForward(emb_.data(), tok, acts_[0].data()));
+  using Internals = GptLayers::Internals;
+  const bool keep = options_.keep_last_block;
+  auto kept = [&](int l) { return keep && l == L - 1 ? Internals::kKept : Internals::kNotKept; };
   for (int l = 0; l < L; ++l)
     RETURN_IF_ERROR(layers_.BlockForward(blocks_[l].data(), acts_[l].data(), acts_[l + 1].data(),
-                                         scratch_.data(), scratch_.bytes()));
+                                         scratch_.data(), scratch_.bytes(), kept(l)));
+  DeviceBuffer& hs = keep ? head_scratch_ : scratch_;
   GptLayers::HeadArgs h;
   h.lnf_params = lnf_.data();
   h.emb_params = emb_.data();
@@ -772,13 +783,13 @@ Result<double> GptModel::ForwardBackward(const int32_t* tokens, const int32_t* t
   h.grad_dtype = gd;
   h.accumulate = accumulate;
   h.chunk_rows = options_.head_chunk_rows;
-  h.scratch = scratch_.data();
-  h.scratch_bytes = scratch_.bytes();
+  h.scratch = hs.data();
+  h.scratch_bytes = hs.bytes();
   RETURN_IF_ERROR(layers_.HeadForwardBackward(h));
   for (int l = L - 1; l >= 0; --l)
     RETURN_IF_ERROR(layers_.BlockBackward(blocks_[l].data(), acts_[l].data(), dx_.data(),
                                           dx_.data(), block_grads_[l].data(), gd, accumulate,
-                                          scratch_.data(), scratch_.bytes()));
+                                          scratch_.data(), scratch_.bytes(), kept(l)));
   RETURN_IF_ERROR(layers_.EmbeddingBackward(emb_grads_.data(), gd, accumulate, tok, dx_.data()));
   ASSIGN_OR_RETURN(double sum, SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
                                          options_.dtype));
@@ -801,8 +812,9 @@ Result<double> GptModel::Evaluate(const int32_t* tokens, const int32_t* targets)
   h.targets = targets_.as<int32_t>();
   h.losses = losses_.as<float>();
   h.chunk_rows = options_.head_chunk_rows;
-  h.scratch = scratch_.data();
-  h.scratch_bytes = scratch_.bytes();
+  DeviceBuffer& hs = options_.keep_last_block ? head_scratch_ : scratch_;
+  h.scratch = hs.data();
+  h.scratch_bytes = hs.bytes();
   RETURN_IF_ERROR(layers_.HeadForward(h));
   ASSIGN_OR_RETURN(double sum, SumLosses(backend_, losses_.data(), options_.batch * options_.seq,
                                          options_.dtype));

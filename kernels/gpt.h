@@ -205,16 +205,28 @@ class GptLayers {
   size_t block_scratch_bytes() const { return block_scratch_bytes_; }
   size_t head_scratch_bytes(int64_t chunk_rows = 0) const;
 
+  // Whether the scratch holds the block's internals (LayerNorm statistics,
+  // qkv, attention output and log-sum-exp, x1, the GELU pre-activation and
+  // output) between a BlockForward and the BlockBackward of the same block.
+  enum class Internals {
+    kNotKept,  // forward: computes only what x_out needs (no GELU pre-activation
+               // is written); backward: recomputes them from x_in
+    kKept,     // forward: leaves them in the scratch; backward: they are there
+               // (a BlockForward(kKept) with the same params, x_in and scratch,
+               // scratch untouched since), so the recompute is skipped
+  };
+
   // x_out[B,T,C] = block(x_in). x_in is the checkpoint; nothing else needs to
   // be kept. x_out must not alias x_in.
   Status BlockForward(const void* params, const void* x_in, void* x_out, void* scratch,
-                      size_t scratch_bytes) const;
-  // Recomputes the block's internals from x_in, then backpropagates d_out:
-  // d_in[B,T,C] (may alias d_out) and the block's gradients (BlockLayout, in
-  // grad_dtype: overwritten, or added to when `accumulate`).
+                      size_t scratch_bytes, Internals internals = Internals::kNotKept) const;
+  // Recomputes the block's internals from x_in (unless kKept), then
+  // backpropagates d_out: d_in[B,T,C] (may alias d_out) and the block's
+  // gradients (BlockLayout, in grad_dtype: overwritten, or added to when
+  // `accumulate`). Either way the result is the same, bit for bit.
   Status BlockBackward(const void* params, const void* x_in, const void* d_out, void* d_in,
                        void* grads, DType grad_dtype, bool accumulate, void* scratch,
-                       size_t scratch_bytes) const;
+                       size_t scratch_bytes, Internals internals = Internals::kNotKept) const;
 
   // x[B,T,C] = wte[tokens] + wpe[0..T). tokens int32 [B,T] in [0, V).
   Status EmbeddingForward(const void* emb_params, const int32_t* tokens, void* x) const;
@@ -260,7 +272,8 @@ class GptLayers {
 
  private:
   GptLayers() = default;
-  Status Recompute(const void* params, const void* x_in, char* scratch) const;
+  // gelu_aux: also write the GELU pre-activation (the backward needs it).
+  Status Recompute(const void* params, const void* x_in, char* scratch, bool gelu_aux) const;
   Status CheckScratch(const char* op, const void* scratch, size_t bytes, size_t need) const;
 
   Backend* backend_ = nullptr;
@@ -287,6 +300,11 @@ class GptModel {
     int64_t head_chunk_rows = 0;  // 0 = GptLayers::DefaultHeadChunkRows
     bool fused_epilogues = true;  // GptLayers::Options::fused_epilogues
     bool fused_dgelu = false;     // GptLayers::Options::fused_dgelu
+    // The last block's internals stay in the block scratch from its forward
+    // to its backward (the head gets a scratch of its own), so that block is
+    // not recomputed: one block's forward less per step for the head's
+    // scratch in memory. Same results, bit for bit.
+    bool keep_last_block = true;
   };
   // Allocates everything (parameters zero; call InitRandom or import).
   static Result<std::unique_ptr<GptModel>> Create(Backend* backend, const GptConfig& config,
@@ -351,6 +369,7 @@ class GptModel {
   DeviceBuffer emb_, emb_grads_, lnf_, lnf_grads_;
   std::vector<DeviceBuffer> acts_;  // L+1 checkpoints [B,T,C]
   DeviceBuffer dx_, scratch_, tokens_, targets_, losses_;
+  DeviceBuffer head_scratch_;  // with keep_last_block: the head's own scratch
 };
 
 }  // namespace strata::kernels

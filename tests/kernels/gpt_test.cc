@@ -193,6 +193,72 @@ TEST_F(GptLayersTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
               StatusIs(StatusCode::kInvalidArgument));
 }
 
+TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
+  // The model keeps the last block's internals by default; without it every
+  // block is recomputed. Loss and every gradient agree bit for bit, in the
+  // storage dtypes whose GELU pre-activation the forward no longer writes.
+  for (DType dt : {DType::kF64, DType::kF32, DType::kBF16}) {
+    std::vector<double> losses;
+    std::vector<std::map<std::string, std::vector<double>>> grads;
+    for (bool keep : {true, false}) {
+      GptModel::Options o = o_;
+      o.dtype = dt, o.grad_dtype = dt == DType::kF64 ? DType::kF64 : DType::kF32;
+      o.keep_last_block = keep;
+      ASSERT_OK_AND_ASSIGN(auto m, GptModel::Create(be_.get(), cfg_, o));
+      ASSERT_OK(m->InitRandom(11));
+      ASSERT_OK_AND_ASSIGN(double loss, m->ForwardBackward(tokens_.data(), targets_.data()));
+      // A second, accumulated pass: the kept scratch is reused correctly.
+      ASSERT_OK_AND_ASSIGN(loss, m->ForwardBackward(tokens_.data(), targets_.data(), true));
+      ASSERT_OK_AND_ASSIGN(double eval, m->Evaluate(tokens_.data(), targets_.data()));
+      EXPECT_EQ(eval, loss) << DTypeName(dt);
+      losses.push_back(loss);
+      grads.emplace_back();
+      for (const auto& t : HfTensors(cfg_)) grads.back()[t.name] = *m->GetGradient(t.name);
+    }
+    EXPECT_EQ(losses[0], losses[1]) << DTypeName(dt);
+    for (const auto& [name, g] : grads[0]) EXPECT_EQ(g, grads[1][name]) << name << " " << DTypeName(dt);
+  }
+}
+
+TEST_F(GptLayersTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
+  const GptLayers& L = model_->layers();
+  const int64_t n = 2 * 19 * cfg_.n_embd;
+  auto x = testing::Tensor::From(be_.get(), testing::RandomVector(n, 3), DType::kF64);
+  auto dy = testing::RandomVector(n, 4);
+  const int64_t np = BlockLayout::For(cfg_.n_embd).numel;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer scratch, be_->Allocate(L.block_scratch_bytes()));
+  auto y1 = testing::Tensor::Poisoned(be_.get(), DType::kF64, n);
+  auto y2 = testing::Tensor::Poisoned(be_.get(), DType::kF64, n);
+  testing::Tensor g1(be_.get(), DType::kF64, np), g2(be_.get(), DType::kF64, np);
+  ASSERT_OK(be_->Memset(g1.data(), 0, g1.bytes()));  // the layout's padding is never written
+  ASSERT_OK(be_->Memset(g2.data(), 0, g2.bytes()));
+  const void* w = model_->block_params(0).data();
+  using I = GptLayers::Internals;
+  // Recomputed: a forward that keeps nothing, then poison the scratch.
+  ASSERT_OK(L.BlockForward(w, x.data(), y1.data(), scratch.data(), scratch.bytes()));
+  ASSERT_OK(be_->Memset(scratch.data(), 0xff, scratch.bytes()));
+  auto d1 = testing::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.BlockBackward(w, x.data(), d1.data(), d1.data(), g1.data(), DType::kF64, false,
+                            scratch.data(), scratch.bytes()));
+  // Kept: the backward reads what the forward left.
+  ASSERT_OK(be_->Memset(scratch.data(), 0xff, scratch.bytes()));
+  ASSERT_OK(L.BlockForward(w, x.data(), y2.data(), scratch.data(), scratch.bytes(), I::kKept));
+  auto d2 = testing::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.BlockBackward(w, x.data(), d2.data(), d2.data(), g2.data(), DType::kF64, false,
+                            scratch.data(), scratch.bytes(), I::kKept));
+  EXPECT_EQ(y1.Get(), y2.Get());
+  EXPECT_EQ(d1.Get(), d2.Get());
+  EXPECT_EQ(g1.Get(), g2.Get());
+  // The forward that keeps nothing really does leave the pre-activation
+  // unwritten: a backward claiming kept internals after it differs.
+  ASSERT_OK(be_->Memset(scratch.data(), 0, scratch.bytes()));
+  ASSERT_OK(L.BlockForward(w, x.data(), y2.data(), scratch.data(), scratch.bytes()));
+  auto d3 = testing::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.BlockBackward(w, x.data(), d3.data(), d3.data(), g2.data(), DType::kF64, false,
+                            scratch.data(), scratch.bytes(), I::kKept));
+  EXPECT_NE(g1.Get(), g2.Get());
+}
+
 TEST_F(GptLayersTest, HeadChunkSizeDoesNotChangeResults) {
   ASSERT_OK_AND_ASSIGN(double whole, model_->ForwardBackward(tokens_.data(), targets_.data()));
   auto wte_whole = *model_->GetGradient("transformer.wte.weight");
