@@ -305,6 +305,7 @@ int RunTrain(int argc, char** argv) {
   bool no_profile = false;
   std::string workload, gpu_limit, host_limit;
   int64_t accum = 0;
+  double ratio = 1.0;
   po::options_description desc("strata-bench train: training-step throughput");
   AddCommonOptions(desc, o.common);
   desc.add_options()("resident", po::bool_switch(&o.resident), kWorkloads[0].summary)(
@@ -313,6 +314,8 @@ int RunTrain(int argc, char** argv) {
       "gpu-memory-limit", po::value(&gpu_limit)->value_name("SIZE"), "--workload: override its GPU limit")(
       "host-memory-limit", po::value(&host_limit)->value_name("SIZE"), "--workload: override its host limit")(
       "accum", po::value(&accum), "--workload: gradient accumulation steps (default: the workload's)")(
+      "optimizer-ratio", po::value(&ratio)->default_value(1.0),
+      "--workload: zero_optimization.offload_optimizer.ratio (the share of the optimizer state offloaded)")(
       "backend", po::value(&o.backend)->default_value("cuda"), "cuda, or cpu (a smoke test)")(
       "layers", po::value(&o.layers), "transformer blocks (default 24)")(
       "d", po::value(&o.d), "model width (default 2048)")(
@@ -347,6 +350,7 @@ int RunTrain(int argc, char** argv) {
     w.host_limit = host_limit;
     w.layers = o.layers, w.d = o.d, w.heads = o.heads, w.seq = o.seq, w.batch = o.batch, w.vocab = o.vocab;
     w.accum = accum;
+    w.optimizer_ratio = ratio;
     return RunOffloadWorkload(w);
   }
   if (o.resident) return RunResident(o);

@@ -180,6 +180,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   t.gpu_memory_limit = bytes(o.gpu_limit.empty() ? spec->gpu_limit : o.gpu_limit);
   t.host_memory_limit = bytes(o.host_limit.empty() ? spec->host_limit : o.host_limit);
   c.zero.offload_optimizer.device = spec->optimizer_device;
+  c.zero.offload_optimizer.ratio = o.optimizer_ratio;
   std::optional<BenchDir> dir;
   if (std::string(spec->optimizer_device) == "nvme") {
     dir.emplace(BENCH_VALUE(BenchDir::Make(o.common.dir)));
@@ -192,7 +193,9 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   Report rep("train " + o.workload);
   std::cerr << "strata-bench train --workload " << o.workload << ": " << c.model.n_layer << " layers, d "
             << c.model.n_embd << ", seq " << c.model.seq_len << ", micro-batch " << c.micro_batch << " x "
-            << c.grad_accum << ", bf16\n";
+            << c.grad_accum << ", bf16"
+            << (o.optimizer_ratio < 1 ? ", offload_optimizer.ratio " + Fixed(o.optimizer_ratio) : std::string())
+            << "\n";
 
   // Baselines measured in this run.
   std::optional<Run> resident;
@@ -201,6 +204,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
     TrainOptions r = t;
     r.gpu_memory_limit = 0;
     r.config.zero.offload_optimizer.device = "none";
+    r.config.zero.offload_optimizer.ratio = 1.0;
     std::cerr << "baseline: the same model all-resident\n";
     resident = BENCH_VALUE(Train(r, o.warmup, o.steps));
   }

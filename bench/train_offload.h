@@ -18,6 +18,7 @@ struct OffloadBenchOptions {
   std::string gpu_limit, host_limit;  // override the workload's
   // Shape overrides (0: the workload's), for smoke runs on small machines.
   int64_t layers = 0, d = 0, heads = 0, seq = 0, batch = 0, vocab = 0, accum = 0;
+  double optimizer_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
 };
 
 int RunOffloadWorkload(const OffloadBenchOptions& o);
