@@ -226,9 +226,11 @@ Result<Plan> MakePlan(const PlanInputs& in) {
       all.optimizer_offload_ratio = 1.0;
       auto r = MakePlan(all);
       const bool fits = r.ok() || r.status().tier() != TierKind::kGpu;
-      because = " with zero_optimization.offload_optimizer.ratio " + RatioText(ratio) + " (the first " +
-                std::to_string(K) + " of " + std::to_string(n_shards) + " shards' optimizer state, " +
-                "gradients and parameters, " + std::to_string(gpuN) + " parameters, on the GPU)";
+      because = " with zero_optimization.offload_optimizer.ratio " + RatioText(ratio) + " (" +
+                (K == n_shards ? "all " + std::to_string(n_shards)
+                               : "the first " + std::to_string(K) + " of " + std::to_string(n_shards)) +
+                " shards' optimizer state, gradients and parameters, " + std::to_string(gpuN) +
+                " parameters, on the GPU)";
       if (fits)
         hint = "raise zero_optimization.offload_optimizer.ratio or --gpu-memory-limit; at ratio 1 the plan fits";
     }
