@@ -1270,6 +1270,10 @@ Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
     cv.notify_all();
     if (!st.ok()) return st;
   }
+  // The job's optimizer time spans the prefix too (the workers, when still
+  // on the job, set it when they finish, later than now).
+  std::lock_guard<std::mutex> lk(mu);
+  if (gpu_prefix > 0 && !job) opt_seconds = std::max(opt_seconds, Now() - job_t0);
   return Status::OK();
 }
 
