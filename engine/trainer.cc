@@ -3,7 +3,8 @@
 //   Step        Forward -> Head -> Backward -> StartOptimizer       (one step)
 //   Schedule    the step's GPU accesses, in order: the prefetcher (swap/) runs
 //               them, keeping what comes next resident within the GPU room
-//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward)
+//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward);
+//               UpdateGpuPrefix: the GPU-state shards of offload_optimizer.ratio < 1
 //   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
 #include "engine/trainer.h"
 
