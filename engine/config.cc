@@ -354,7 +354,7 @@ Status ParseOffload(Obj o, OffloadConfig* c, bool optimizer) {
     bool pipeline = false;
     RETURN_IF_ERROR(o.Bool("pipeline", &pipeline));  // legacy: both
     if (pipeline) c->pipeline_read = c->pipeline_write = true;
-    RETURN_IF_ERROR(o.Double("ratio", &c->ratio, 0, 1, true));
+    RETURN_IF_ERROR(o.Double("ratio", &c->ratio, 0, 1));  // 0: all on the GPU (DeepSpeed: ge=0, le=1)
   } else {
     RETURN_IF_ERROR(o.Int("buffer_size", &c->buffer_size, 1, kBig, true));
     RETURN_IF_ERROR(o.Int("max_in_cpu", &c->max_in_cpu, 0, kBig, true));
@@ -397,6 +397,18 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
     if (c->offload_param.device == "none") c->offload_param.device = "cpu";
     ctx->warnings->push_back(ctx->source + ": " + o.KeyPath("cpu_offload_params") +
                              " is deprecated in DeepSpeed; read as offload_param.device = \"cpu\"");
+  }
+  // offload_optimizer.ratio is the fraction of the optimizer state offloaded
+  // to offload_optimizer.device; with "none" (the planner places it) it has
+  // no meaning, and ignoring it would silently keep state where the user did
+  // not ask for it.
+  if (c->offload_optimizer.ratio < 1 && c->offload_optimizer.device == "none") {
+    std::ostringstream r;
+    r << c->offload_optimizer.ratio;
+    return o.Error("offload_optimizer.ratio",
+                   r.str() +
+                       " needs offload_optimizer.device \"cpu\" or \"nvme\" (the ratio is the fraction of the "
+                       "optimizer state offloaded there, the rest staying on the GPU)");
   }
   bool pin = true;
   RETURN_IF_ERROR(o.Bool("cpu_offload_use_pin_memory", &pin));

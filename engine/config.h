@@ -59,7 +59,20 @@ struct OffloadConfig {
   uint64_t buffer_size = 100'000'000;
   uint64_t max_in_cpu = 1'000'000'000;
   bool pipeline_read = false, pipeline_write = false;  // offload_optimizer only
-  double ratio = 1.0;                                   // offload_optimizer only
+  // offload_optimizer only: DeepSpeed's partial offload (ZeRO-Offload++
+  // "Twin-Flow", ZeRO stage 3; DeepSpeed: "Percentage of offloaded optimizer
+  // states to CPU Adam"), in [0, 1]. The fraction of the optimizer state
+  // (fp32 master, m, v) offloaded to `device` and updated there by the CPU
+  // Adam; the rest stays on the GPU with its gradients and parameters and is
+  // updated by the fused GPU Adam. strata keeps a forward-order prefix of
+  // whole shards (embedding, block 0, 1, ..., ln_f) on the GPU: the longest
+  // with at most (1 - ratio) of the parameters, so at least `ratio` is
+  // offloaded (DeepSpeed likewise keeps its first sub-groups on the GPU).
+  // 1 = all offloaded; 0 = all on the GPU. A ratio < 1 needs device "cpu" or
+  // "nvme" (with "none" it is a config error: the planner decides there).
+  // With "nvme" the offloaded part lives on NVMe. The results are the same
+  // bits whatever the ratio (the GPU Adam computes the CPU Adam's bits).
+  double ratio = 1.0;
 };
 
 struct ZeroConfig {

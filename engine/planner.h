@@ -24,6 +24,17 @@
 // needed last). A device forced by the config (offload_*.device "cpu"/"nvme",
 // cpu_checkpointing) is honoured. An impossible plan fails before anything is
 // allocated, naming the budget that is short and by how much.
+//
+// Partial optimizer offload (DeepSpeed's offload_optimizer.ratio, the
+// "Twin-Flow" of ZeRO-Offload++): with ratio r < 1 the optimizer state of a
+// forward-order prefix of the shards (embedding, block 0, 1, ..., ln_f) stays
+// on the GPU and is updated there by the fused GPU Adam, with those shards'
+// gradients and parameters on the GPU too; the rest is offloaded as the
+// config asks (host or NVMe) and updated by the CPU Adam. The prefix is the
+// longest whose parameter count is <= (1 - r) x all parameters (whole shards
+// only, so at least the fraction r is offloaded). Forward order, because
+// after the backward the GPU shards update at once and the next forward
+// starts on them while the CPU Adam works through the rest.
 #pragma once
 
 #include <cstdint>
@@ -63,6 +74,10 @@ struct PlanInputs {
   // (read-ahead, updating, write-behind).
   uint64_t optimizer_chunk_params = 16ull << 20;
   bool layer_major = true;         // all micro-batches through a layer before the next
+  // zero_optimization.offload_optimizer.ratio: the fraction of the optimizer
+  // state offloaded (to `offload_optimizer`, which must then be "cpu" or
+  // "nvme" when it is < 1); the rest stays on the GPU (see above).
+  double optimizer_offload_ratio = 1.0;
 };
 
 struct Plan {
@@ -76,6 +91,17 @@ struct Plan {
   uint64_t grad_host_bytes = 4;
   int prefetch_depth = 1;
   bool layer_major = true;
+  // Partial optimizer offload: the first `optimizer_gpu_shards` of the
+  // `shards` (forward order: embedding, blocks 0..L-1, ln_f) keep their
+  // optimizer state, gradients and parameters on the GPU (the GPU Adam
+  // updates them); `optimizer`, `grads` and `params` say where the other
+  // shards' live. 0 without a ratio < 1. When every shard is on the GPU,
+  // `optimizer` and `grads` are kGpu.
+  double optimizer_offload_ratio = 1.0;
+  int64_t shards = 0;                  // L + 2
+  int64_t optimizer_gpu_shards = 0;
+  uint64_t optimizer_gpu_params = 0;   // parameters of those shards
+  uint64_t total_params = 0;
 
   // Bytes per tier per kind of state.
   struct Row {

@@ -3,7 +3,8 @@
 //   Step        Forward -> Head -> Backward -> StartOptimizer       (one step)
 //   Schedule    the step's GPU accesses, in order: the prefetcher (swap/) runs
 //               them, keeping what comes next resident within the GPU room
-//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward)
+//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward);
+//               UpdateGpuPrefix: the GPU-state shards of offload_optimizer.ratio < 1
 //   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
 #include "engine/trainer.h"
 
@@ -203,6 +204,11 @@ struct Trainer::Impl {
   std::ostream* log = &std::cerr;
 
   std::vector<Shard> shards;                // 0: embedding, 1..L: blocks, L+1: ln_f
+  // offload_optimizer.ratio < 1 with the rest offloaded: shards [0, gpu_prefix)
+  // keep their optimizer state on the GPU and are updated by the step's own
+  // thread (UpdateGpuPrefix); the optimizer workers take the rest. 0 when
+  // every shard's state is on the GPU (the workers update them all) or none.
+  size_t gpu_prefix = 0;
   std::vector<std::vector<TensorId>> ck;    // [L+1][Sets()]: layer inputs (ck[L]: head input)
   std::vector<TierKind> ck_home;            // [L+1]: the plan's split of the checkpoints
 
@@ -288,6 +294,7 @@ struct Trainer::Impl {
   void ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) const;
   Status FinishGrad(Shard& sh, void* acc, void* acquired);
   void OptimizerLoop(bool gpu_worker);
+  Status UpdateGpuPrefix(const OptJob& j);
   Status UpdateShard(Shard& sh, const OptJob& j);
   Status AssistShard(Shard& sh, const OptJob& j);
   Status SetUpAssist();
@@ -302,9 +309,12 @@ struct Trainer::Impl {
   TrainState CurrentState() const;
 
   void* stream() const { return backend->native_stream(); }
-  uint64_t MaxShardNumel() const {
+  // The largest shard the host optimizer updates (0: every shard's state is
+  // on the GPU): what the staging and the assist buffers are sized for.
+  uint64_t MaxOffloadedNumel() const {
     int64_t n = 0;
-    for (const Shard& sh : shards) n = std::max(n, sh.numel);
+    for (const Shard& sh : shards)
+      if (sh.opt_home != TierKind::kGpu) n = std::max(n, sh.numel);
     return static_cast<uint64_t>(n);
   }
   bool cuda() const { return backend->kind() == kernels::BackendKind::kCuda; }
@@ -364,6 +374,7 @@ static Status MakePlanInputs(const Config& cfg, const GptConfig& g, DType dtype,
   in->offload_optimizer = zo.offload_optimizer.device;
   in->cpu_checkpointing = cfg.activation_checkpointing.cpu_checkpointing;
   in->optimizer_chunk_params = std::max<uint64_t>(in->layer_params, 1);
+  in->optimizer_offload_ratio = zo.offload_optimizer.ratio;
   return Status::OK();
 }
 
@@ -501,21 +512,28 @@ Status Trainer::Impl::Setup() {
 }
 
 // Decides whether the GPU-assisted optimizer runs and allocates its chunk
-// buffers. It needs every shard's state on the host and its parameters in
-// GPU memory (so one kind of worker never touches the other's staging), and
-// room in the GPU tier beyond what the step's swap window needs.
+// buffers. It needs every offloaded shard's state on the host (not NVMe) and
+// its parameters in GPU memory (so one kind of worker never touches the
+// other's staging), at least one such shard, and room in the GPU tier beyond
+// what the step's swap window needs. The GPU-state prefix of
+// offload_optimizer.ratio < 1 is no obstacle: the workers never see it
+// (UpdateGpuPrefix).
 Status Trainer::Impl::SetUpAssist() {
   const std::string& mode = cfg.trainer.gpu_assisted_optimizer;
   if (mode == "off" || (mode == "auto" && !cuda())) return Status::OK();
   for (const Shard& sh : shards)
-    if (sh.opt_home != TierKind::kHost || sh.p_home != TierKind::kGpu) {
+    if (sh.opt_home != TierKind::kGpu && (sh.opt_home != TierKind::kHost || sh.p_home != TierKind::kGpu)) {
       if (mode == "on")
         *log << "gpu-assisted optimizer: off (it needs the optimizer state on the host and the parameters "
                 "resident on the GPU)\n";
       return Status::OK();
     }
+  const uint64_t max_numel = MaxOffloadedNumel();
+  if (max_numel == 0) {
+    if (mode == "on") *log << "gpu-assisted optimizer: off (every shard's optimizer state is on the GPU)\n";
+    return Status::OK();
+  }
   GpuTier* gt = store->gpu_tier();
-  const uint64_t max_numel = MaxShardNumel();
   // 4 Mi parameters a chunk: about a millisecond of PCIe each way, small
   // next to a shard (tens of chunks), large next to a copy's fixed cost.
   assist_chunk = std::min<uint64_t>(4ull << 20, max_numel);
@@ -587,9 +605,13 @@ Status Trainer::Impl::CreateTensors() {
     s.kind = kind;
     s.layer = layer;
     s.numel = numel;
-    const bool host_opt = plan.optimizer != TierKind::kGpu;
-    s.opt_home = plan.optimizer;
-    s.g_home = plan.grads;
+    // offload_optimizer.ratio < 1: the first plan.optimizer_gpu_shards shards
+    // (forward order) keep optimizer state, gradients and parameters on the
+    // GPU; the GPU Adam updates them (UpdateGpuPrefix).
+    const bool gpu_state = static_cast<int64_t>(shards.size()) < plan.optimizer_gpu_shards;
+    const bool host_opt = !gpu_state && plan.optimizer != TierKind::kGpu;
+    s.opt_home = host_opt ? plan.optimizer : TierKind::kGpu;
+    s.g_home = gpu_state ? TierKind::kGpu : plan.grads;
     if (!host_opt) s.p_home = TierKind::kGpu;
     else if (kind == GptBuffer::kBlock && !plan.params_resident) s.p_home = plan.params;
     else s.p_home = TierKind::kGpu;
@@ -633,6 +655,8 @@ Status Trainer::Impl::CreateTensors() {
   for (int l = 0; l < L; ++l)
     RETURN_IF_ERROR(add_shard("blk" + std::to_string(l), GptBuffer::kBlock, l, kernels::BlockLayout::For(C).numel));
   RETURN_IF_ERROR(add_shard("lnf", GptBuffer::kLnF, -1, kernels::LnFLayout::For(C).numel));
+  if (plan.optimizer != TierKind::kGpu)
+    gpu_prefix = static_cast<size_t>(std::clamp<int64_t>(plan.optimizer_gpu_shards, 0, static_cast<int64_t>(shards.size())));
 
   ck.assign(static_cast<size_t>(L + 1), {});
   ck_home.assign(static_cast<size_t>(L + 1), plan.checkpoints);
@@ -645,16 +669,25 @@ Status Trainer::Impl::CreateTensors() {
       ck[static_cast<size_t>(l)].push_back(id);
     }
 
-  if (plan.optimizer != TierKind::kGpu) {
-    const uint64_t max_numel = MaxShardNumel();
+  // Staging for the shards with a host optimizer (all, or those after the
+  // GPU-state prefix): their GPU gradients come down through one buffer,
+  // their GPU parameters go up through two.
+  const uint64_t host_opt_numel = MaxOffloadedNumel();
+  bool grads_staged = false, params_staged = false;
+  for (const Shard& sh : shards)
+    if (sh.opt_home != TierKind::kGpu) {
+      grads_staged |= sh.g_home == TierKind::kGpu;
+      params_staged |= sh.p_home == TierKind::kGpu;
+    }
+  if (host_opt_numel > 0) {
     HostTier* ht = store->host_tier();
-    if (plan.grads == TierKind::kGpu) {
-      ASSIGN_OR_RETURN(grad_staging,
-                       ht->Allocate(max_numel * DTypeSize(grad_dtype), "gradient staging"));
+    if (grads_staged) {
+      ASSIGN_OR_RETURN(grad_staging, ht->Allocate(host_opt_numel * DTypeSize(grad_dtype), "gradient staging"));
     }
-    for (TierBlock& b : param_staging) {
-      ASSIGN_OR_RETURN(b, ht->Allocate(max_numel * DTypeSize(dtype), "parameter staging"));
-    }
+    if (params_staged)
+      for (TierBlock& b : param_staging) {
+        ASSIGN_OR_RETURN(b, ht->Allocate(host_opt_numel * DTypeSize(dtype), "parameter staging"));
+      }
   }
   tok_host.resize(static_cast<size_t>(A * B * T));
   tgt_host.resize(static_cast<size_t>(A * B * T));
@@ -1165,11 +1198,11 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
     // shard s+1 is read while shard s updates, and shard s-1 is written back
     // meanwhile (UpdateShard's evictions return at once; without
     // pipeline_write they are waited for before the next shard). NVMe state
-    // has no GPU-assisted worker, so the CPU worker claims every shard in order.
+    // has no GPU-assisted worker, so the CPU worker claims every shard in
+    // order (from gpu_prefix: the shards before it are the step thread's).
     const auto& oo = cfg.zero.offload_optimizer;
-    const bool nvme_state = !shards.empty() && shards[0].opt_home == TierKind::kNvme;
     auto read_ahead = [&](size_t s) {
-      if (!nvme_state || j.skip || s >= shards.size()) return;
+      if (j.skip || s >= shards.size() || shards[s].opt_home != TierKind::kNvme) return;
       for (TensorId id : {shards[s].w, shards[s].m, shards[s].v}) (void)store->Prefetch(id, TierKind::kHost);
     };
     for (;;) {
@@ -1183,7 +1216,7 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
         ok = opt_error.ok();
       }
       if (!gpu_worker && oo.pipeline_read) {
-        if (s == 0) read_ahead(0);
+        if (s == gpu_prefix) read_ahead(s);
         read_ahead(s + 1);
       }
       Status st;
@@ -1201,14 +1234,48 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
     std::lock_guard<std::mutex> lk(mu);
     if (--job_workers == 0) {
       opt_seconds = Now() - job_t0;
-      // Every shard is claimed once per job: the total is the model's.
+      // Every offloaded shard is claimed once per job.
       uint64_t total = 0;
-      for (const Shard& sh : shards) total += static_cast<uint64_t>(sh.numel);
+      for (size_t i = gpu_prefix; i < shards.size(); ++i) total += static_cast<uint64_t>(shards[i].numel);
       assist_share = total ? static_cast<double>(assist_params) / static_cast<double>(total) : 0;
       job.reset();
     }
     cv.notify_all();
   }
+}
+
+// The GPU-state prefix of offload_optimizer.ratio < 1 ("Twin-Flow"): updated
+// by the step's thread as soon as the job is posted, with the fused GPU Adam
+// on the compute stream (idle then: the backward has been synchronized),
+// while the workers start on the offloaded shards at once. The workers are
+// not given these shards: the GPU path of UpdateShard synchronizes the
+// compute stream, and from a worker that would wait behind the next step's
+// forward kernels, holding the CPU Adam back by about the prefix's forward
+// time. Here it costs the GPU Adam's time over the prefix (bandwidth-bound,
+// ~28 B/param at device speed), before the next forward is queued; the first
+// shard the forward needs is the prefix's anyway. An error is sticky like a
+// worker's.
+Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
+  for (size_t s = 0; s < gpu_prefix; ++s) {
+    Status st;
+    if (!j.skip) {
+      {
+        std::lock_guard<std::mutex> lk(mu);
+        st = opt_error;
+      }
+      if (st.ok()) st = UpdateShard(shards[s], j).WithContext("optimizer step of " + shards[s].name + " (gpu state)");
+    }
+    std::lock_guard<std::mutex> lk(mu);
+    if (!st.ok() && opt_error.ok()) opt_error = st;
+    updated[s] = j.step;
+    cv.notify_all();
+    if (!st.ok()) return st;
+  }
+  // The job's optimizer time spans the prefix too (the workers, when still
+  // on the job, set it when they finish, later than now).
+  std::lock_guard<std::mutex> lk(mu);
+  if (gpu_prefix > 0 && !job) opt_seconds = std::max(opt_seconds, Now() - job_t0);
+  return Status::OK();
 }
 
 Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
@@ -1553,6 +1620,11 @@ TrainerInfo Trainer::Info() const {
   t.swap_forced = ps.forced;
   t.swap_fragmented = ps.fragmented;
   t.gpu_evictions = st.tiers[0].evictions;
+  for (const Shard& sh : I.shards)
+    if (sh.opt_home == TierKind::kGpu) {
+      ++t.optimizer_gpu_shards;
+      t.optimizer_gpu_params += static_cast<uint64_t>(sh.numel);
+    }
   if (I.cuda()) {
     auto info = QueryGpu(0);
     if (info.ok()) t.device_in_use = info->total_bytes - info->free_bytes;
@@ -1674,13 +1746,14 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
     I.cv.wait(lk, [&] { return !I.job.has_value(); });
     I.job = job;
     ++I.job_seq;
-    I.next_shard = 0;
+    I.next_shard = I.gpu_prefix;  // the shards before it are updated below
     I.job_workers = I.assist ? 2 : 1;
     I.job_t0 = Now();
     I.assist_params = 0;
     I.cv.notify_all();
   }
   I.step = job.step;
+  RETURN_IF_ERROR(I.UpdateGpuPrefix(job));
 
   r.step = I.step;
   r.tokens = I.A * I.B * I.T;

@@ -13,7 +13,9 @@
 //             GPU; the gradients then leave for their home tier.
 //   optimizer when backward ends the clip coefficient and the overflow flag
 //             are known; Adam updates shard by shard in forward order (CPU
-//             Adam for host/NVMe state, the fused GPU Adam for GPU state) and
+//             Adam for host/NVMe state, the fused GPU Adam for GPU state —
+//             all shards' or, with offload_optimizer.ratio < 1, a
+//             forward-order prefix's, which then update first) and
 //             each shard is marked ready: the next step's forward of block l
 //             waits for block l only, so the update overlaps the next
 //             forward and no stale weight is ever used.
@@ -75,7 +77,10 @@ struct StepReport {
   int64_t tokens = 0;
   double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
-  double optimizer_gpu_share = 0;  // of optimizer_s's parameters, the share the GPU-assisted worker updated
+  // Of optimizer_s's parameters (the offloaded shards': not the GPU-state
+  // prefix of offload_optimizer.ratio < 1, which the step's thread updates),
+  // the share the GPU-assisted worker updated.
+  double optimizer_gpu_share = 0;
   // Bytes moved since the last step (the previous step's optimizer update,
   // which overlaps this step's forward, included; Evaluate's and Save's not).
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
@@ -100,6 +105,12 @@ struct TrainerInfo {
   uint64_t swap_window = 0;
   uint64_t swap_prefetches = 0, swap_evictions = 0, swap_forced = 0, swap_fragmented = 0;
   uint64_t gpu_evictions = 0;
+  // The shards whose optimizer state (with their gradients and parameters)
+  // lives on the GPU, updated by the GPU Adam: all when the plan keeps the
+  // optimizer there, the forward-order prefix of offload_optimizer.ratio < 1,
+  // or none; and their parameters.
+  int64_t optimizer_gpu_shards = 0;
+  uint64_t optimizer_gpu_params = 0;
 };
 
 class Trainer {

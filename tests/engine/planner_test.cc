@@ -1,5 +1,7 @@
 #include "engine/planner.h"
 
+#include <cmath>
+
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
 
@@ -139,6 +141,206 @@ TEST(Planner, BadRequests) {
   EXPECT_THAT(MakePlan(in), StatusIs(StatusCode::kInvalidArgument));
   in.offload_optimizer = "disk";
   EXPECT_THAT(MakePlan(in), StatusIs(StatusCode::kInvalidArgument));
+}
+
+// ---- offload_optimizer.ratio (partial optimizer offload) ----------------------
+
+// The small GPT: embedding (256 + 128) x 128 = 49152, blocks 198272 each,
+// ln_f 256; 842496 in all.
+constexpr uint64_t kEmb = 49152, kBlock = 198272, kLnF = 256, kAll = kEmb + 4 * kBlock + kLnF;
+
+void ExpectRowsAddUp(const Plan& p) {
+  uint64_t gpu = 0, host = 0, nvme = 0;
+  for (const auto& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
+  EXPECT_EQ(gpu, p.gpu_total);
+  EXPECT_EQ(host, p.host_total);
+  EXPECT_EQ(nvme, p.nvme_total);
+}
+
+const Plan::Row& RowOf(const Plan& p, const std::string& prefix) {
+  for (const auto& r : p.rows)
+    if (r.kind.rfind(prefix, 0) == 0) return r;
+  ADD_FAILURE() << "no row " << prefix;
+  return p.rows.front();
+}
+
+TEST(PlannerRatio, KeepsTheLongestForwardPrefixWithinOneMinusRatioOnTheGpu) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
+  in.optimizer_offload_ratio = 0.5;
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  // (1 - 0.5) x 842496 = 421248: the embedding and block 0 (247424) fit,
+  // block 1 more (445696) does not.
+  EXPECT_EQ(p.shards, 6);
+  EXPECT_EQ(p.optimizer_gpu_shards, 2);
+  EXPECT_EQ(p.optimizer_gpu_params, kEmb + kBlock);
+  EXPECT_EQ(p.total_params, kAll);
+  EXPECT_EQ(p.optimizer, TierKind::kHost);
+  EXPECT_EQ(whole.optimizer_gpu_shards, 0);
+  ExpectRowsAddUp(p);
+  ExpectRowsAddUp(whole);
+  const uint64_t gpuN = kEmb + kBlock, restN = kAll - gpuN;
+  // Optimizer state: 12 B per parameter on the GPU for the prefix, on the host for the rest.
+  EXPECT_EQ(RowOf(p, "optimizer").gpu, gpuN * 12);
+  EXPECT_EQ(RowOf(p, "optimizer").host, restN * 12);
+  EXPECT_EQ(RowOf(whole, "optimizer").host, kAll * 12);
+  // Gradients and parameters are on the GPU in both plans here; only the
+  // optimizer state moves.
+  EXPECT_EQ(p.gpu_total, whole.gpu_total + gpuN * 12);
+  EXPECT_EQ(p.host_total, whole.host_total - gpuN * 12);
+  // Per step: the prefix's gradients (fp32) no longer come down, its
+  // parameters (2 B) no longer go up.
+  EXPECT_EQ(whole.d2h - p.d2h, gpuN * 4);
+  EXPECT_EQ(whole.h2d - p.h2d, gpuN * 2);
+  EXPECT_EQ(p.d2h, restN * 4);
+  EXPECT_EQ(p.h2d, restN * 2);
+  std::string table = p.Table(in.gpu_budget, in.host_budget);
+  EXPECT_THAT(table, HasSubstr("optimizer: first 2 of 6 shards (247424 params, 29.4%) on the GPU "
+                               "(offload_optimizer.ratio 0.5, GPU Adam), the rest on the host (CPU Adam)"));
+  EXPECT_THAT(whole.Table(in.gpu_budget, in.host_budget), ::testing::Not(HasSubstr("offload_optimizer.ratio")));
+}
+
+TEST(PlannerRatio, PrefixRuleAtTheEnds) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  struct Case {
+    double ratio;
+    int64_t shards;
+    uint64_t params;
+  } cases[] = {
+      {1.0, 0, 0},
+      {0.95, 0, 0},                      // 5% = 42124 < the embedding's 49152
+      {0.94, 1, kEmb},                   // 50549
+      {0.7, 2, kEmb + kBlock},           // 252748
+      {0.2, 4, kEmb + 3 * kBlock},       // 673996 < 842240
+      {0.0001, 5, kEmb + 4 * kBlock},    // 842411: all blocks, not ln_f
+      {0.0, 6, kAll},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.ratio);
+    in.optimizer_offload_ratio = c.ratio;
+    ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+    EXPECT_EQ(p.optimizer_gpu_shards, c.shards);
+    EXPECT_EQ(p.optimizer_gpu_params, c.params);
+    EXPECT_EQ(RowOf(p, "optimizer").gpu, c.params * 12);
+    EXPECT_EQ(RowOf(p, "optimizer").host, (kAll - c.params) * 12);
+    ExpectRowsAddUp(p);
+  }
+  // 0: everything on the GPU, nothing crosses PCIe for the optimizer.
+  in.optimizer_offload_ratio = 0;
+  ASSERT_OK_AND_ASSIGN(Plan all, MakePlan(in));
+  EXPECT_EQ(all.optimizer, TierKind::kGpu);
+  EXPECT_EQ(all.grads, TierKind::kGpu);
+  EXPECT_EQ(all.h2d, 0u);
+  EXPECT_EQ(all.d2h, 0u);
+  EXPECT_EQ(all.host_total, 0u);
+  EXPECT_THAT(all.Table(in.gpu_budget, in.host_budget), HasSubstr("all 6 shards (842496 params) on the GPU"));
+  in.optimizer_offload_ratio = 0.95;
+  ASSERT_OK_AND_ASSIGN(Plan none, MakePlan(in));
+  EXPECT_THAT(none.Table(in.gpu_budget, in.host_budget), HasSubstr("keeps no whole shard on the GPU"));
+}
+
+TEST(PlannerRatio, RestGoesToNvme) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.have_nvme = true;
+  in.offload_optimizer = "nvme";
+  in.optimizer_offload_ratio = 0.5;
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  const uint64_t gpuN = kEmb + kBlock, restN = kAll - gpuN;
+  EXPECT_EQ(p.optimizer, TierKind::kNvme);
+  EXPECT_EQ(p.optimizer_gpu_shards, 2);
+  EXPECT_EQ(RowOf(p, "optimizer").gpu, gpuN * 12);
+  EXPECT_EQ(RowOf(p, "optimizer").nvme, restN * 12);
+  EXPECT_EQ(p.nvme_read, restN * 12);
+  EXPECT_EQ(p.nvme_write, restN * 12);
+  ExpectRowsAddUp(p);
+  EXPECT_THAT(p.Table(in.gpu_budget, in.host_budget), HasSubstr("the rest on the nvme (CPU Adam)"));
+}
+
+TEST(PlannerRatio, HostGradientsAndStreamedParametersKeepThePrefixOnTheGpu) {
+  // 6.7B with its blocks streamed from the host (offload_param cpu); with
+  // ratio 0.92 the embedding and the first block (0.42 G of the 6.66 G
+  // parameters, within the 8%) keep their state, gradients and parameters
+  // on the GPU anyway.
+  PlanInputs in = Gpt(32, 4096, 2048, 50304, 4, 8);
+  in.gpu_budget = 24 * kGiB;
+  in.host_budget = 200 * kGiB;
+  in.grad_host_bytes = 2;
+  in.offload_optimizer = "cpu";
+  in.offload_param = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
+  in.optimizer_offload_ratio = 0.92;
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  const uint64_t block = 12ull * 4096 * 4096 + 13 * 4096, emb = (50304ull + 2048) * 4096, lnf = 2 * 4096;
+  const uint64_t all = emb + 32 * block + lnf;
+  ASSERT_EQ(p.optimizer_gpu_shards, 2) << "8% of " << all << " holds the embedding and one block";
+  ASSERT_EQ(p.grads, TierKind::kHost) << p.Table(in.gpu_budget, in.host_budget);
+  const uint64_t gpuN = emb + block;
+  EXPECT_FALSE(p.params_resident);
+  EXPECT_EQ(p.params, TierKind::kHost);
+  ExpectRowsAddUp(p);
+  const Plan::Row& prow = RowOf(p, "parameters");
+  EXPECT_EQ(prow.gpu, (emb + lnf) * 2 + static_cast<uint64_t>(p.prefetch_depth + 1) * block * 2 + block * 2);
+  EXPECT_EQ(prow.host, all * 2 - block * 2);
+  EXPECT_EQ(RowOf(p, "optimizer").gpu, gpuN * 12);
+  EXPECT_EQ(RowOf(p, "gradients").gpu, gpuN * 2);
+  EXPECT_EQ(RowOf(p, "gradients").host, (all - gpuN) * 2);
+  // Per step: 31 blocks stream (forward and backward), not 32; ln_f's
+  // parameters go up after its update, the embedding's do not; the
+  // offloaded shards' gradients come down; host checkpoints go both ways.
+  const uint64_t ck_host = RowOf(p, "activation").host, ck_set = 8 * in.checkpoint_bytes;
+  const uint64_t x_l = p.checkpoint_gpu_layers == 0 && p.checkpoints == TierKind::kHost ? ck_set : 0;
+  EXPECT_EQ(p.h2d, 2 * 31 * block * 2 + lnf * 2 + ck_host - x_l);
+  EXPECT_EQ(p.d2h, (all - gpuN) * 2 + ck_host);
+  EXPECT_LE(p.gpu_total, in.gpu_budget);
+  EXPECT_FALSE(whole.params_resident);
+}
+
+TEST(PlannerRatio, RatioWithoutAnOffloadDeviceIsAnError) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = in.host_budget = 8 * kGiB;
+  in.optimizer_offload_ratio = 0.3;
+  auto r = MakePlan(in);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().ToString(),
+              AllOf(HasSubstr("zero_optimization.offload_optimizer.ratio 0.3"), HasSubstr("\"cpu\" or \"nvme\"")));
+  in.offload_optimizer = "cpu";
+  for (double bad : {-0.1, 1.5, std::nan("")}) {
+    in.optimizer_offload_ratio = bad;
+    EXPECT_THAT(MakePlan(in), StatusIs(StatusCode::kInvalidArgument)) << bad;
+  }
+}
+
+TEST(PlannerRatio, AGpuBudgetTheRatioOverfillsSaysSo) {
+  // 1.3B at 8 GiB fits with the optimizer on the host (CheckpointsSplit...);
+  // keeping 70% of its state on the GPU (12 B/param) does not.
+  PlanInputs in = Gpt(24, 2048, 2048, 50304, 8, 4);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 100 * kGiB;
+  in.grad_host_bytes = 2;
+  in.offload_optimizer = "cpu";
+  ASSERT_OK(MakePlan(in).status());
+  in.optimizer_offload_ratio = 0.3;
+  auto r = MakePlan(in);
+  EXPECT_THAT(r, StatusIs(StatusCode::kOutOfMemory));
+  EXPECT_EQ(r.status().tier(), TierKind::kGpu);
+  EXPECT_GT(r.status().bytes_requested(), in.gpu_budget);
+  EXPECT_THAT(r.status().ToString(),
+              AllOf(HasSubstr("GPU budget with zero_optimization.offload_optimizer.ratio 0.3"),
+                    HasSubstr("more than the budget of 8.00 GiB"),
+                    HasSubstr("(raise zero_optimization.offload_optimizer.ratio or --gpu-memory-limit; at ratio 1 the plan fits)")));
+  // A budget too small whatever the ratio: the usual advice.
+  in.gpu_budget = 256 * kMiB;
+  r = MakePlan(in);
+  EXPECT_THAT(r, StatusIs(StatusCode::kOutOfMemory));
+  EXPECT_THAT(r.status().ToString(), AllOf(HasSubstr("ratio 0.3"), HasSubstr("(raise --gpu-memory-limit")));
 }
 
 }  // namespace

@@ -199,6 +199,64 @@ TEST(TrainerGpu, GpuAssistedOptimizerGivesTheCpuAdamsBits) {
   }
 }
 
+// offload_optimizer.ratio on the CUDA backend: the GPU-state prefix
+// (embedding and block 0 at ratio 0.5; everything at 0) is updated by the
+// fused GPU Adam, the rest by the CPU Adam (with and without the
+// GPU-assisted worker), and the losses and parameters are the all-CPU-Adam
+// run's bits (optim/gpu_adam.h: the GPU Adam computes the CPU Adam's bits).
+TEST(TrainerGpu, OffloadRatioGivesTheCpuAdamsBits) {
+  STRATA_SKIP_WITHOUT_GPU();
+  const std::vector<std::string> names = {"transformer.wte.weight", "transformer.h.0.attn.c_attn.weight",
+                                          "transformer.h.2.mlp.c_fc.weight", "transformer.ln_f.weight"};
+  for (bool bf16 : {true, false}) {
+    auto run = [&](double ratio, const std::string& assist, std::vector<double>* losses,
+                   std::vector<std::vector<float>>* params, int64_t* gpu_shards) {
+      TrainOptions o = TinyGpu(4, bf16);
+      o.config.zero.offload_optimizer.device = "cpu";
+      o.config.zero.offload_optimizer.ratio = ratio;
+      o.config.trainer.gpu_assisted_optimizer = assist;
+      o.config.gradient_clipping = 0.5;
+      std::ostringstream log;
+      ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+      for (int i = 0; i < 4; ++i) {
+        ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+        losses->push_back(r.loss);
+      }
+      for (const std::string& n : names) {
+        ASSERT_OK_AND_ASSIGN(std::vector<float> y, t->Parameter(n));
+        params->push_back(y);
+      }
+      *gpu_shards = t->Info().optimizer_gpu_shards;
+      ASSERT_OK_AND_ASSIGN(GpuInfo info, QueryGpu(0));
+      EXPECT_LE(info.total_bytes - info.free_bytes, o.gpu_memory_limit);
+    };
+    // One trainer on the device at a time (each counts the other's memory).
+    std::vector<double> a;
+    std::vector<std::vector<float>> pa;
+    int64_t shards = -1;
+    run(1.0, "off", &a, &pa, &shards);
+    ASSERT_EQ(a.size(), 4u);
+    EXPECT_EQ(shards, 0);
+    struct Case {
+      double ratio;
+      const char* assist;
+      int64_t gpu_shards;
+    };
+    for (const Case& c : {Case{0.5, "off", 2}, Case{0.5, "auto", 2}, Case{0.0, "auto", 5}}) {
+      SCOPED_TRACE(std::string(bf16 ? "bf16" : "fp32") + ", ratio " + std::to_string(c.ratio) + ", assist " +
+                   c.assist);
+      std::vector<double> b;
+      std::vector<std::vector<float>> pb;
+      run(c.ratio, c.assist, &b, &pb, &shards);
+      EXPECT_EQ(shards, c.gpu_shards);
+      ASSERT_EQ(b.size(), a.size());
+      for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(a[i], b[i]) << "step " << i + 1;
+      ASSERT_EQ(pb.size(), pa.size());
+      for (size_t k = 0; k < pa.size(); ++k) EXPECT_EQ(pa[k], pb[k]) << names[k];
+    }
+  }
+}
+
 // Micro-batch-major gives layer-major's losses on the CUDA backend too: the
 // first step's bits exactly, later ones within the embedding gradient's
 // summation order (bf16 here, where that disappears in the rounding).
