@@ -289,6 +289,13 @@ struct Trainer::Impl {
   Status Forward(int64_t a0, int64_t a1, double* wait_s);
   Status Head(int64_t a0, int64_t a1, double dloss);
   Status Backward(int64_t a0, int64_t a1, double* wait_s);
+  // One micro-batch per pass: the last block's forward leaves its internals
+  // in the block scratch (the head has its own) and its backward, which
+  // follows the head, skips their recompute (same bits).
+  kernels::GptLayers::Internals KeptInternals(int64_t l, int64_t a0, int64_t a1) const {
+    return l == L - 1 && a1 - a0 == 1 ? kernels::GptLayers::Internals::kKept
+                                      : kernels::GptLayers::Internals::kNotKept;
+  }
   void ScheduleForward(AccessSchedule* s, int64_t a0, int64_t a1) const;
   void ScheduleHead(AccessSchedule* s, int64_t a0, int64_t a1) const;
   void ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) const;
@@ -1042,7 +1049,8 @@ Status Trainer::Impl::Forward(int64_t a0, int64_t a1, double* wait_s) {
       TensorId out = ck[static_cast<size_t>(l + 1)][Slot(a)];
       ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
       ASSIGN_OR_RETURN(TensorView xo, pf.Acquire(out, Access::kWriteDiscard));
-      RETURN_IF_ERROR(layers->BlockForward(p.data, xi.data, xo.data, block_scratch.data(), block_scratch.bytes()));
+      RETURN_IF_ERROR(layers->BlockForward(p.data, xi.data, xo.data, block_scratch.data(), block_scratch.bytes(),
+                                           KeptInternals(l, a0, a1)));
       // A host checkpoint leaves for the host once the window has no room
       // for it until the backward (the prefetcher decides).
       RETURN_IF_ERROR(pf.Release(in, false, stream()));
@@ -1155,7 +1163,7 @@ Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
       if (wait_s) *wait_s += Now() - t0;
       void* d = dx[Slot(a)].data();
       RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, acc, DType::kF32, a > 0, block_scratch.data(),
-                                            block_scratch.bytes()));
+                                            block_scratch.bytes(), KeptInternals(l, a0, a1)));
       RETURN_IF_ERROR(pf.Release(in, false, stream()));
     }
     if (!accum_across || last) {
