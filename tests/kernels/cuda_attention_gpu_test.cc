@@ -66,6 +66,31 @@ class CudaAttentionTest : public CudaVsCpu, public ::testing::TestWithParam<Attn
   int64_t C_ = 0;
 };
 
+// dq, dk and dv of a dqkv [B, T, 3C] against the reference, each on its own
+// (to say which is off). At T = 1 the softmax is the constant 1, so dq and dk
+// are exactly zero and both backends return rounding noise (dP - D of a
+// rounded O): a relative error of noise against noise says nothing; they
+// must be noise at the scale of dv, the gradient that is not zero.
+void ExpectPartsClose(const std::vector<double>& g, const std::vector<double>& r, const AttnCase& c,
+                      int64_t C, double tol, const std::string& path) {
+  const char* part[] = {"dq", "dk", "dv"};
+  std::vector<double> gp[3], rp[3];
+  for (int p = 0; p < 3; ++p)
+    for (int64_t row = 0; row < c.B * c.T; ++row)
+      for (int64_t j = 0; j < C; ++j) {
+        gp[p].push_back(g[row * 3 * C + p * C + j]);
+        rp[p].push_back(r[row * 3 * C + p * C + j]);
+      }
+  auto norm = [](const std::vector<double>& v) { return std::sqrt(std::inner_product(v.begin(), v.end(), v.begin(), 0.0)); };
+  for (int p = 0; p < 3; ++p) {
+    if (c.T == 1 && p < 2) {
+      EXPECT_LE(norm(gp[p]), tol * norm(rp[2])) << part[p] << " (" << path << ") is not ~0 at T = 1";
+      continue;
+    }
+    EXPECT_LE(RelErr(gp[p], rp[p]), tol) << part[p] << " (" << path << ")";
+  }
+}
+
 TEST_P(CudaAttentionTest, ForwardMatchesCpu) {
   const AttnCase c = GetParam();
   SCOPED_TRACE("seed " + std::to_string(seed_));
@@ -117,28 +142,7 @@ TEST_P(CudaAttentionTest, BackwardMatchesCpu) {
   EXPECT_CLOSE(mir, dqkv, dt, OutTol(), "dqkv (" + path + ")");
   // Per part, to say which of dq, dk, dv is off.
   {
-    auto g = mir.Gpu(dqkv, dt), r = mir.Ref(dqkv, dt);
-    const char* part[] = {"dq", "dk", "dv"};
-    std::vector<double> gp[3], rp[3];
-    for (int p = 0; p < 3; ++p)
-      for (int64_t row = 0; row < c.B * c.T; ++row)
-        for (int64_t j = 0; j < C_; ++j) {
-          gp[p].push_back(g[row * 3 * C_ + p * C_ + j]);
-          rp[p].push_back(r[row * 3 * C_ + p * C_ + j]);
-        }
-    for (int p = 0; p < 3; ++p) {
-      if (c.T == 1 && p < 2) {
-        // One position: the softmax is the constant 1, so dq and dk are
-        // exactly zero and both backends return rounding noise (dP - D of
-        // a bf16 O); a relative error of noise against noise says nothing.
-        // They must be noise at the scale of the gradient that is not zero.
-        EXPECT_LE(std::sqrt(std::inner_product(gp[p].begin(), gp[p].end(), gp[p].begin(), 0.0)),
-                  OutTol() * std::sqrt(std::inner_product(rp[2].begin(), rp[2].end(), rp[2].begin(), 0.0)))
-            << part[p] << " (" << path << ") is not ~0 at T = 1";
-        continue;
-      }
-      EXPECT_LE(RelErr(gp[p], rp[p]), OutTol()) << part[p] << " (" << path << ")";
-    }
+    ExpectPartsClose(mir.Gpu(dqkv, dt), mir.Ref(dqkv, dt), c, C_, OutTol(), path);
   }
 
   mir.PoisonGpu(dqkv);
@@ -240,19 +244,7 @@ TEST_P(CudaAttentionTest, EveryFlashVariantMatchesCpuAndIsDeterministic) {
                                        out.gpu.data(), lse.gpu.as<float>(), ws.data()));
     ASSERT_OK(flash->Synchronize());
     EXPECT_CLOSE(mir, dqkv, dt, OutTol(), std::string("dqkv (") + v.name + ")");
-    {
-      auto g = mir.Gpu(dqkv, dt), r = mir.Ref(dqkv, dt);
-      const char* part[] = {"dq", "dk", "dv"};
-      for (int p = 0; p < 3; ++p) {
-        std::vector<double> gp, rp;
-        for (int64_t row = 0; row < c.B * c.T; ++row)
-          for (int64_t j = 0; j < C_; ++j) {
-            gp.push_back(g[row * 3 * C_ + p * C_ + j]);
-            rp.push_back(r[row * 3 * C_ + p * C_ + j]);
-          }
-        EXPECT_LE(RelErr(gp, rp), OutTol()) << part[p] << " (" << v.name << ")";
-      }
-    }
+    ExpectPartsClose(mir.Gpu(dqkv, dt), mir.Ref(dqkv, dt), c, C_, OutTol(), v.name);
     const std::vector<uint8_t> d1 = mir.GpuBytes(dqkv);
     mir.PoisonGpu(dqkv);
     ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(),
