@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "engine/trainer.h"
+#include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
 #include "tiers/device.h"
@@ -17,19 +18,9 @@ namespace {
 using ::strata::testing::TempDir;
 
 TrainOptions TinyGpu(int64_t steps, bool bf16) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyTrainer(3, 128, 64);
   Config& c = o.config;
-  c.model.n_layer = 3;
-  c.model.n_embd = 128;
-  c.model.n_head = 4;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 64;
-  c.micro_batch = 4;
-  c.grad_accum = 2;
-  c.train_batch_size = 8;
   c.bf16 = bf16;
-  c.optimizer.lr = 3e-3;
-  c.data.path = testing::SourcePath("data/kjv.txt");
   o.steps = steps;
   o.backend = "cuda";
   // (The limit covers the CUDA context and libraries too: about 0.6 GiB.)

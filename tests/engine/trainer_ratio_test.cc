@@ -15,6 +15,7 @@
 
 #include "engine/config.h"
 #include "engine/trainer.h"
+#include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
 
@@ -32,21 +33,10 @@ using ::testing::HasSubstr;
 constexpr uint64_t kEmb = 18432, kBlock = 49984, kLnF = 128, kAll = kEmb + 4 * kBlock + kLnF;
 
 TrainOptions Small(int64_t steps, double ratio) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyTrainer(4);
   Config& c = o.config;
-  c.model.n_layer = 4;
-  c.model.n_embd = 64;
-  c.model.n_head = 4;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 32;
-  c.micro_batch = 4;
-  c.grad_accum = 2;
-  c.train_batch_size = 8;
-  c.optimizer.lr = 3e-3;
   c.optimizer.weight_decay = 0.1;
   c.gradient_clipping = 0.5;  // active: the clip coefficient comes from both kinds of shards' gradients
-  c.steps_per_print = 1000;
-  c.data.path = testing::SourcePath("data/kjv.txt");
   c.zero.offload_optimizer.device = "cpu";
   c.zero.offload_optimizer.ratio = ratio;
   o.steps = steps;

@@ -12,6 +12,7 @@
 
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
+#include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
 #include "tiers/io_env.h"
@@ -24,19 +25,8 @@ using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
 
 TrainOptions Tiny(int64_t steps) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyTrainer(2);
   Config& c = o.config;
-  c.model.n_layer = 2;
-  c.model.n_embd = 64;
-  c.model.n_head = 4;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 32;
-  c.micro_batch = 4;
-  c.grad_accum = 2;
-  c.train_batch_size = 8;
-  c.optimizer.lr = 3e-3;
-  c.steps_per_print = 1000;
-  c.data.path = testing::SourcePath("data/kjv.txt");
   c.trainer.eval_batches = 2;
   o.steps = steps;
   o.backend = "cpu";

@@ -8,6 +8,7 @@
 
 #include "engine/trainer.h"
 #include "kernels/gpt.h"
+#include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 #include "tiers/bytes.h"
 
@@ -15,20 +16,9 @@ namespace strata {
 namespace {
 
 TrainOptions Streamed(int64_t n_layer, bool bf16, uint64_t gpu_limit) {
-  TrainOptions o;
+  TrainOptions o = testing::TinyTrainer(n_layer);
   Config& c = o.config;
-  c.model.n_layer = n_layer;
-  c.model.n_embd = 64;
-  c.model.n_head = 4;
-  c.model.vocab_size = 256;
-  c.model.seq_len = 32;
-  c.micro_batch = 4;
-  c.grad_accum = 2;
-  c.train_batch_size = 8;
-  c.optimizer.lr = 3e-3;
   c.bf16 = bf16;
-  c.steps_per_print = 1000;
-  c.data.path = testing::SourcePath("data/kjv.txt");
   c.zero.offload_optimizer.device = "cpu";
   c.zero.offload_param.device = "cpu";
   o.backend = "cpu";
