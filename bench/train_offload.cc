@@ -112,7 +112,14 @@ RawBandwidth MeasureRaw(const std::string& dir, uint64_t bytes) {
   {
     int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) Die(ErrnoStatus("create", path), "raw baseline");
-    if (::posix_fallocate(fd, 0, static_cast<off_t>(bytes)) != 0) Die(ErrnoStatus("fallocate", path), "raw baseline");
+    // posix_fallocate returns the error (errno is left alone); a file it
+    // could not fill (ENOSPC: the baseline wants `bytes` of free space) is
+    // removed before the benchmark stops.
+    if (int rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes)); rc != 0) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      Die(IoError("fallocate " + FormatBytes(bytes), rc, path), "raw baseline");
+    }
     ::close(fd);
   }
   AlignedBuffer buf(bytes);
@@ -210,11 +217,16 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   }
   // The virtio disk of the GPU machine swings +-30% from minute to minute
   // and may serve short bursts faster than a sustained stream, so the raw
-  // loop moves a sustained volume (4 GiB each way, 1 MiB blocks, depth 32)
+  // loop moves a sustained volume (up to 4 GiB each way, 1 MiB blocks, depth 32)
   // right before and right after the training steps; the bound uses their
   // mean, and both are printed.
+  // As much as a step reads of the fp32 state (12 B per parameter, GPT's
+  // 12 L d^2 + (V + T) d parameters), within [256 MiB, 4 GiB]: a sustained
+  // stream for the real workloads, not gigabytes for a smoke-sized model.
   RawBandwidth raw_before, raw_after;
-  const uint64_t raw_bytes = 4ull << 30;
+  const uint64_t L = static_cast<uint64_t>(c.model.n_layer), d = static_cast<uint64_t>(c.model.n_embd);
+  const uint64_t state = 12 * (12 * L * d * d + static_cast<uint64_t>(c.model.vocab_size + c.model.seq_len) * d);
+  const uint64_t raw_bytes = std::clamp<uint64_t>(state, 256ull << 20, 4ull << 30) >> 20 << 20;
   auto measure_raw = [&](const char* when, RawBandwidth* b) {
     *b = MeasureRaw(dir->path(), raw_bytes);
     std::cerr << "baseline (" << when << "): raw io_uring O_DIRECT in " << dir->path() << ", "
