@@ -17,6 +17,17 @@ using ::strata::testing::StatusIs;
 
 constexpr uint64_t k2M = uint64_t{2} << 20;
 
+// One 16 MiB slab, no NUMA binding, the given page policy and pinning.
+HostTierOptions EightHugePages(HostHugePages pages, bool pin) {
+  HostTierOptions o;
+  o.budget_bytes = 8 * k2M;
+  o.slab_bytes = 8 * k2M;
+  o.pin = pin;
+  o.huge_pages = pages;
+  o.numa = NumaPlacement::kNone;
+  return o;
+}
+
 #define SKIP_WITHOUT_THP()                                                         \
   if (!TransparentHugePagesUsable())                                               \
   GTEST_SKIP() << "transparent huge pages are not usable here (setting: '"        \
@@ -74,12 +85,7 @@ TEST(HostHugePages, AnonHugePagesOfAnUnmappedAddressIsNotFound) {
 TEST(HostTierHugePages, AlignedSlabsArePinnedAsHugePages) {
   SKIP_WITHOUT_THP();
   SKIP_UNDER_SANITIZER();
-  HostTierOptions o;
-  o.budget_bytes = 8 * k2M;
-  o.slab_bytes = 8 * k2M;
-  o.huge_pages = HostHugePages::kAligned;
-  o.numa = NumaPlacement::kNone;
-  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(o));
+  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(EightHugePages(HostHugePages::kAligned, true)));
   ASSERT_TRUE(tier->pinned());
   ASSERT_OK_AND_ASSIGN(TierBlock b, tier->Allocate(8 * k2M));
   // The slab's first block starts at the slab: 2 MiB-aligned.
@@ -94,13 +100,7 @@ TEST(HostTierHugePages, OffKeepsSmallPagesAndTheDefaultIsAdvise) {
   EXPECT_EQ(HostHugePagesName(HostHugePages::kAdvise), "advise");
   EXPECT_EQ(HostHugePagesName(HostHugePages::kAligned), "aligned");
   EXPECT_EQ(HostHugePagesName(HostHugePages::kOff), "off");
-  HostTierOptions o;
-  o.budget_bytes = 8 * k2M;
-  o.slab_bytes = 8 * k2M;
-  o.pin = false;
-  o.huge_pages = HostHugePages::kOff;
-  o.numa = NumaPlacement::kNone;
-  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(o));
+  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(EightHugePages(HostHugePages::kOff, false)));
   ASSERT_OK_AND_ASSIGN(TierBlock b, tier->Allocate(8 * k2M));
   std::memset(b.data(), 1, b.bytes());  // fault every page in
   ASSERT_OK_AND_ASSIGN(uint64_t huge, AnonHugePagesOfMapping(b.data()));
@@ -109,13 +109,7 @@ TEST(HostTierHugePages, OffKeepsSmallPagesAndTheDefaultIsAdvise) {
 
 TEST(HostTierHugePages, UnpinnedAlignedSlabGetsHugePagesOnFirstTouch) {
   SKIP_WITHOUT_THP();
-  HostTierOptions o;
-  o.budget_bytes = 8 * k2M;
-  o.slab_bytes = 8 * k2M;
-  o.pin = false;
-  o.huge_pages = HostHugePages::kAligned;
-  o.numa = NumaPlacement::kNone;
-  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(o));
+  ASSERT_OK_AND_ASSIGN(auto tier, HostTier::Open(EightHugePages(HostHugePages::kAligned, false)));
   ASSERT_OK_AND_ASSIGN(TierBlock b, tier->Allocate(8 * k2M));
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.data()) % k2M, 0u);
   std::memset(b.data(), 1, b.bytes());
