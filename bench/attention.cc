@@ -220,6 +220,22 @@ int RunAttention(int argc, char** argv) {
               << "); the flash attention kernels need one. Nothing measured.\n";
     return 0;
   }
+  if (auto g = QueryGpu(0); g.ok()) {
+    // Variants this GPU and build cannot run (the wgmma kernels off Hopper) are left out, said once.
+    std::vector<std::string> runs;
+    for (const std::string& v : variants) {
+      if (kernels::FlashVariantRuns(*kernels::FindFlashVariant(v), g->cc_major, g->cc_minor))
+        runs.push_back(v);
+      else
+        std::cout << "strata-bench attention: variant " << v << " does not run on " << g->name << " (compute "
+                  << g->cc_major << "." << g->cc_minor << ") with this build; left out\n";
+    }
+    variants = std::move(runs);
+  }
+  if (variants.empty()) {
+    std::cout << "strata-bench attention: no variant to measure on this GPU.\n";
+    return 0;
+  }
   kernels::CudaBackendOptions co;
   co.attention = kernels::AttentionImpl::kFlash;
   co.flash_variant = variants[0];

@@ -2,6 +2,7 @@
 #   STRATA_WITH_CUDA  ON/OFF for the rest of the build.
 # CUDA architectures default to the local GPU's compute capability (read with
 # nvidia-smi), else 90 (H100/H200). Override with -DCMAKE_CUDA_ARCHITECTURES="80;86;89;90".
+# 90 is built as 90a (below).
 set(STRATA_WITH_CUDA OFF)
 set(STRATA_CUDA_SUMMARY "")
 if(NOT STRATA_CUDA STREQUAL "OFF")
@@ -26,6 +27,20 @@ if(NOT STRATA_CUDA STREQUAL "OFF")
         set(_arch 90)
       endif()
       set(CMAKE_CUDA_ARCHITECTURES ${_arch} CACHE STRING "CUDA architectures (local GPU, else 90)")
+    endif()
+    # Hopper's warpgroup MMA (the wgmma attention kernels) exists only in
+    # the arch-specific target: build 90 as 90a. Its code runs on compute
+    # capability 9.0 exactly (H100/H200), which is what 90 means in practice.
+    set(_archs "")
+    foreach(_a IN LISTS CMAKE_CUDA_ARCHITECTURES)
+      if(_a STREQUAL "90")
+        set(_a "90a")
+      endif()
+      list(APPEND _archs "${_a}")
+    endforeach()
+    set(CMAKE_CUDA_ARCHITECTURES "${_archs}")
+    if("90a" IN_LIST CMAKE_CUDA_ARCHITECTURES)
+      add_compile_definitions(STRATA_CUDA_SM90A=1)
     endif()
     enable_language(CUDA)
     if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION)

@@ -33,6 +33,8 @@ enum class AttentionImpl : uint8_t {
 enum class FlashFwdKernel : uint8_t {
   kBc32,  // 4 warps x 32 query rows, K/V tiles of 32 keys at D = 128 (64 at D <= 64)
   kBc64,  // 4 warps x 32 query rows, K/V tiles of 64 keys, exp2 of one FMA per score
+  kWgmma,  // Hopper wgmma: 2 warpgroups x 64 query rows, K/V tiles of 128 keys
+           // (sm_90a code on a compute-capability 9.0 GPU only)
 };
 enum class FlashBwdKernel : uint8_t {
   kTwoPass,  // dK/dV pass (64 keys, 16 per warp) + dQ pass, both recompute P: 7 matmuls
@@ -46,16 +48,23 @@ struct FlashVariant {
   FlashBwdKernel bwd;
   const char* summary;
 };
-// The first entry is the default: v2 measured fastest on the H200
-// (strata-bench attention, 1.3B shape: fwd 269 vs 239 TFLOP/s, bwd 203 vs
-// 173 for v1), at the cost of a dS workspace of about B*H*T*T bytes that the
-// planner counts in the layer's scratch. v1 is the small-workspace fallback.
+// The default is the first entry that runs on the GPU (FlashVariantRuns):
+// v3 on an H100/H200 built with sm_90a code, else v2. v2 measured fastest of
+// the mma.sync variants on the H200 (strata-bench attention, 1.3B shape: fwd
+// 269 vs 239 TFLOP/s, bwd 203 vs 173 for v1), at the cost of a dS workspace
+// of about B*H*T*T bytes that the planner counts in the layer's scratch. v1
+// is the small-workspace fallback.
 inline constexpr FlashVariant kFlashVariants[] = {
+    {"v3", FlashFwdKernel::kWgmma, FlashBwdKernel::kDsBuffer, "fwd wgmma (sm_90a), bwd as v2"},
     {"v2", FlashFwdKernel::kBc64, FlashBwdKernel::kDsBuffer, "fwd Bc 64 + FMA exp2, bwd FA2 dK/dV + dS buffer + dQ"},
     {"v1", FlashFwdKernel::kBc32, FlashBwdKernel::kTwoPass, "fwd Bc 32, bwd two passes (7 matmuls)"},
     {"fwd64", FlashFwdKernel::kBc64, FlashBwdKernel::kTwoPass, "fwd Bc 64 + FMA exp2, bwd two passes"},
     {"bwdds", FlashFwdKernel::kBc32, FlashBwdKernel::kDsBuffer, "fwd Bc 32, bwd FA2 dK/dV + dS buffer + dQ"},
 };
+// Whether `v` runs on a GPU of compute capability cc_major.cc_minor with
+// this build (the wgmma kernels need sm_90a code and a 9.0 GPU).
+bool FlashVariantRuns(const FlashVariant& v, int cc_major, int cc_minor);
+
 // The variant called `name`, or nullptr.
 inline const FlashVariant* FindFlashVariant(std::string_view name) {
   for (const FlashVariant& v : kFlashVariants)
@@ -68,8 +77,9 @@ struct CudaBackendOptions {
   AttentionImpl attention = AttentionImpl::kAuto;
   // One of kFlashVariants by name; empty: the environment variable
   // STRATA_FLASH_VARIANT (read once, when the backend is made), else the
-  // default (kFlashVariants[0]). An unknown name is InvalidArgument from
-  // MakeCudaBackend.
+  // default (the first of kFlashVariants that runs on the GPU). An unknown
+  // name is InvalidArgument, one that cannot run on this GPU or build
+  // FailedPrecondition, from MakeCudaBackend.
   std::string flash_variant;
   bool tf32 = false;           // f32 GEMMs in TF32: faster, about 1e-3 relative error
   bool gemm_epilogues = true;  // fuse bias/GELU into cuBLASLt where it supports them
@@ -84,7 +94,8 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& optio
 // benchmarks and tests that compare variants on one backend). Call
 // AttentionWorkspaceBytes again afterwards: the workspace depends on the
 // variant. InvalidArgument for an unknown name (listing the known ones),
-// FailedPrecondition when `backend` is not a CUDA backend.
+// FailedPrecondition when `backend` is not a CUDA backend or the variant
+// cannot run on its GPU (FlashVariantRuns).
 Status SetFlashVariant(Backend* backend, std::string_view name);
 
 // ---- per-op timing (benchmarks) ------------------------------------------------

@@ -66,11 +66,20 @@ class CudaBackend final : public Backend {
     std::string variant = opts.flash_variant;
     if (variant.empty())
       if (const char* env = std::getenv("STRATA_FLASH_VARIANT")) variant = env;
-    const FlashVariant* flash = variant.empty() ? &kFlashVariants[0] : FindFlashVariant(variant);
-    if (!flash)
+    const FlashVariant* flash = variant.empty() ? nullptr : FindFlashVariant(variant);
+    if (!variant.empty() && !flash)
       return InvalidArgument("flash attention variant '" + variant + "' (option or STRATA_FLASH_VARIANT): " +
                              "expected one of " + FlashVariantList());
     ASSIGN_OR_RETURN(GpuInfo info, QueryGpu(opts.device));
+    if (!flash) {
+      for (const FlashVariant& v : kFlashVariants)
+        if (FlashVariantRuns(v, info.cc_major, info.cc_minor)) {
+          flash = &v;
+          break;
+        }
+      if (!flash) flash = FindFlashVariant("v2");
+    }
+    RETURN_IF_ERROR(CheckFlashVariantRuns(*flash, info, "flash attention variant (option or STRATA_FLASH_VARIANT)"));
     std::unique_ptr<CudaBackend> b(new CudaBackend(opts, info));
     b->flash_ = flash;
     CUDA_RETURN_IF_ERROR(cudaSetDevice(opts.device));
@@ -350,8 +359,16 @@ class CudaBackend final : public Backend {
     if (!v)
       return InvalidArgument("SetFlashVariant: unknown variant '" + std::string(name) +
                              "': expected one of " + FlashVariantList());
+    RETURN_IF_ERROR(CheckFlashVariantRuns(*v, info_, "SetFlashVariant"));
     flash_ = v;
     return Status::OK();
+  }
+  static Status CheckFlashVariantRuns(const FlashVariant& v, const GpuInfo& info, const char* what) {
+    if (FlashVariantRuns(v, info.cc_major, info.cc_minor)) return Status::OK();
+    return FailedPrecondition(std::string(what) + ": variant '" + v.name + "' needs " +
+                              (cuda::FlashWgmmaBuilt() ? "" : "sm_90a code in the build (CMAKE_CUDA_ARCHITECTURES with 90a) and ") +
+                              "a compute-capability 9.0 GPU; " + info.name + " is " + std::to_string(info.cc_major) +
+                              "." + std::to_string(info.cc_minor));
   }
   static std::string FlashVariantList() {
     std::string s;
@@ -385,7 +402,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(const CudaBackendOptions& opts, const GpuInfo& info)
-      : opts_(opts), sms_(info.sm_count), cc_major_(info.cc_major),
+      : opts_(opts), info_(info), sms_(info.sm_count), cc_major_(info.cc_major),
         name_("cuda:" + std::to_string(opts.device) + " " + info.name) {}
 
   // Brackets one op with events while timing is on.
@@ -506,7 +523,8 @@ class CudaBackend final : public Backend {
   };
 
   CudaBackendOptions opts_;
-  const FlashVariant* flash_ = &kFlashVariants[0];  // never null
+  GpuInfo info_;
+  const FlashVariant* flash_ = &kFlashVariants[0];  // never null; set by Make
   int sms_ = 0, cc_major_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
@@ -518,6 +536,11 @@ class CudaBackend final : public Backend {
 };
 
 }  // namespace
+
+bool FlashVariantRuns(const FlashVariant& v, int cc_major, int cc_minor) {
+  if (v.fwd == FlashFwdKernel::kWgmma) return cuda::FlashWgmmaRuns(cc_major, cc_minor);
+  return cc_major >= 8;
+}
 
 Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions& options) {
   return CudaBackend::Make(options);

@@ -8,6 +8,8 @@ Result<std::unique_ptr<Backend>> MakeCudaBackend(const CudaBackendOptions&) {
   return Unavailable("strata was built without CUDA (nvcc was not found at configure time)");
 }
 
+bool FlashVariantRuns(const FlashVariant&, int, int) { return false; }
+
 Status SetFlashVariant(Backend*, std::string_view) {
   return FailedPrecondition("flash attention variants need the CUDA backend; this build has no CUDA");
 }

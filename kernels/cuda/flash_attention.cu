@@ -27,6 +27,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
 
@@ -38,7 +39,6 @@ constexpr int kWarps = 4;
 constexpr int kDkDvKeys = 64;     // keys per dK/dV block (16 per warp)
 constexpr int kBwdQueries = 32;   // queries per streamed tile (dK/dV)
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 template <int kD>
 struct Tile {
@@ -354,36 +354,7 @@ __global__ void __launch_bounds__(kThreads)
           }
         }
         // Online softmax; each row is spread over the 4 lanes of a quad.
-#pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < kBc / 8; ++nt)
-            mx = fmaxf(mx, fmaxf(s[mt][nt][2 * r], s[mt][nt][2 * r + 1]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m_run[mt][r], mx);
-          const float alpha =
-              kFma ? exp2f((m_run[mt][r] - m_new) * scale_log2) : exp2f(m_run[mt][r] - m_new);
-          const float m_sub = kFma ? m_new * scale_log2 : m_new;  // subtracted in the log2 domain
-          m_run[mt][r] = m_new;
-          l_run[mt][r] *= alpha;
-#pragma unroll
-          for (int nt = 0; nt < kD / 8; ++nt) {
-            o[mt][nt][2 * r] *= alpha;
-            o[mt][nt][2 * r + 1] *= alpha;
-          }
-#pragma unroll
-          for (int nt = 0; nt < kBc / 8; ++nt) {
-            const float p0 = kFma ? exp2f(fmaf(s[mt][nt][2 * r], scale_log2, -m_sub))
-                                  : exp2f(s[mt][nt][2 * r] - m_sub);
-            const float p1 = kFma ? exp2f(fmaf(s[mt][nt][2 * r + 1], scale_log2, -m_sub))
-                                  : exp2f(s[mt][nt][2 * r + 1] - m_sub);
-            s[mt][nt][2 * r] = p0;
-            s[mt][nt][2 * r + 1] = p1;
-            l_run[mt][r] += p0 + p1;
-          }
-        }
+        OnlineSoftmaxTile<kBc / 8, kD / 8, kFma>(s[mt], o[mt], m_run[mt], l_run[mt], scale_log2);
       }
       MmaPV<T, kD, kM, kBc>(o, s, sV + stage * kKV);
     }
@@ -392,21 +363,12 @@ __global__ void __launch_bounds__(kThreads)
 
 #pragma unroll
   for (int mt = 0; mt < kM; ++mt) {
+    float row_lse[2];
+    FinishSoftmaxRows<kD / 8, kFma>(o[mt], m_run[mt], l_run[mt], scale_log2, row_lse);
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      float l = l_run[mt][r];
-      l += __shfl_xor_sync(0xffffffffu, l, 1);
-      l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const float inv = 1.f / l;
       const int q = q0 + row0 + mt * 16 + g + r * 8;
-      if (t4 == 0 && q < seq)
-        lse[static_cast<int64_t>(bh) * seq + q] =
-            ((kFma ? m_run[mt][r] * scale_log2 : m_run[mt][r]) + log2f(l)) * kLn2;
-#pragma unroll
-      for (int nt = 0; nt < kD / 8; ++nt) {
-        o[mt][nt][2 * r] *= inv;
-        o[mt][nt][2 * r + 1] *= inv;
-      }
+      if (t4 == 0 && q < seq) lse[static_cast<int64_t>(bh) * seq + q] = row_lse[r];
     }
   }
   AccToSmem<T, kD, kM>(sQ, row0, o, 1.f);  // sQ is free: every warp passed the loop's last barrier
@@ -1048,7 +1010,11 @@ Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float
   return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
-    if (variant.fwd == FlashFwdKernel::kBc64) {
+    // The wgmma kernel and the FMA form keep the max in raw score units:
+    // right only for a positive scale (else the Bc 64 kernel without it).
+    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f)
+      return FlashAttentionForwardWgmma(stream, s, scale, out, lse, qkv);
+    if (variant.fwd == FlashFwdKernel::kBc64 || variant.fwd == FlashFwdKernel::kWgmma) {
       // The FMA form keeps the max in raw score units: right only for a positive scale.
       if (scale > 0.f) return LaunchForward<T, kD, 64, true>(stream, s, scale, out, lse, qkv);
       return LaunchForward<T, kD, 64, false>(stream, s, scale, out, lse, qkv);

@@ -230,6 +230,13 @@ inline int GpuCcMajor() {
   return g.ok() ? g->cc_major : 0;
 }
 
+// Whether the flash variant `v` runs on GPU 0 with this build.
+inline bool FlashVariantRunsHere(const kernels::FlashVariant& v) {
+  if (GpuTestsOnCpu()) return false;
+  auto g = QueryGpu(0);
+  return g.ok() && kernels::FlashVariantRuns(v, g->cc_major, g->cc_minor);
+}
+
 // Fixture: a CUDA backend (skips without a GPU) and the CPU backend as the
 // reference, plus a fresh seed per test.
 class CudaVsCpu {

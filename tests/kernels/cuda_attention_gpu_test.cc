@@ -6,6 +6,7 @@
 // for bitwise run-to-run determinism.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -219,6 +220,11 @@ TEST_P(CudaAttentionTest, EveryFlashVariantMatchesCpuAndIsDeterministic) {
   ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
   for (const FlashVariant& v : kFlashVariants) {
     SCOPED_TRACE(std::string("variant ") + v.name);
+    if (!::strata::testing::FlashVariantRunsHere(v)) {
+      // Refused up front (the wgmma kernels off Hopper), never launched.
+      EXPECT_THAT(SetFlashVariant(flash.get(), v.name), StatusIs(StatusCode::kFailedPrecondition));
+      continue;
+    }
     ASSERT_OK(SetFlashVariant(flash.get(), v.name));
     ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_))));
     // Forward vs the CPU, then again: bitwise the same.
@@ -307,11 +313,10 @@ TEST_F(CudaAttentionErrorTest, UnknownFlashVariantIsInvalidArgument) {
   CudaBackendOptions o;
   o.flash_variant = "no-such-variant";
   EXPECT_THAT(MakeCudaBackend(o).status(), StatusIs(StatusCode::kInvalidArgument));
-  o.flash_variant = kFlashVariants[0].name;
+  o.flash_variant = "v2";
   ASSERT_OK_AND_ASSIGN(auto be, MakeCudaBackend(o));
   EXPECT_THAT(SetFlashVariant(be.get(), "no-such-variant"), StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(SetFlashVariant(cpu_.get(), kFlashVariants[0].name),
-              StatusIs(StatusCode::kFailedPrecondition));
+  EXPECT_THAT(SetFlashVariant(cpu_.get(), "v2"), StatusIs(StatusCode::kFailedPrecondition));
   // The dS-buffer backward needs more workspace than the two-pass one.
   if (::strata::testing::GpuCcMajor() >= 8) {
     AttentionShape s{2, 1000, 3, 64, DType::kBF16};
@@ -321,6 +326,47 @@ TEST_F(CudaAttentionErrorTest, UnknownFlashVariantIsInvalidArgument) {
     const size_t ds = be->AttentionWorkspaceBytes(s);
     EXPECT_EQ(two_pass, size_t{2 * 3 * 1000 * 4});
     EXPECT_GT(ds, two_pass + size_t{2 * 3} * 1000 * 1000 * 2 / 2);
+  }
+}
+
+// The default is the first variant that runs on this GPU: v3 (wgmma) on a
+// compute-capability 9.0 GPU with sm_90a code, else v2; the per-op timing
+// names the variant that ran. A variant that cannot run is refused by name.
+TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  if (::strata::testing::GpuCcMajor() < 8) GTEST_SKIP() << "the flash kernels need sm_80+";
+  const char* expected = nullptr;
+  for (const FlashVariant& v : kFlashVariants)
+    if (::strata::testing::FlashVariantRunsHere(v)) {
+      expected = v.name;
+      break;
+    }
+  ASSERT_NE(expected, nullptr);
+  const FlashVariant* v3 = FindFlashVariant("v3");
+  ASSERT_NE(v3, nullptr);
+  if (::strata::testing::FlashVariantRunsHere(*v3)) EXPECT_STREQ(expected, "v3");
+  else EXPECT_STREQ(expected, "v2");
+
+  if (const char* e = std::getenv("STRATA_FLASH_VARIANT"); e && *e)
+    GTEST_SKIP() << "STRATA_FLASH_VARIANT=" << e << " overrides the default";
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto be, MakeCudaBackend(o));
+  AttentionShape s{1, 64, 2, 64, DType::kBF16};
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer buf, be->Allocate(1 << 20));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, be->Allocate(std::max<size_t>(16, be->AttentionWorkspaceBytes(s))));
+  ASSERT_OK(be->Memset(buf.data(), 0, 1 << 20));
+  ASSERT_OK(SetOpTiming(be.get(), true));
+  ASSERT_OK(be->AttentionForward(s, buf.data(), reinterpret_cast<float*>(buf.as<char>() + (512 << 10)),
+                                 buf.as<char>() + (256 << 10), ws.data()));
+  ASSERT_OK_AND_ASSIGN(std::vector<OpTiming> t, TakeOpTimings(be.get()));
+  ASSERT_EQ(t.size(), 1u);
+  EXPECT_EQ(t[0].op, std::string("attention_fwd (flash ") + expected + ")");
+
+  if (!::strata::testing::FlashVariantRunsHere(*v3)) {
+    o.flash_variant = "v3";
+    EXPECT_THAT(MakeCudaBackend(o).status(), StatusIs(StatusCode::kFailedPrecondition));
+    EXPECT_THAT(SetFlashVariant(be.get(), "v3"), StatusIs(StatusCode::kFailedPrecondition));
   }
 }
 

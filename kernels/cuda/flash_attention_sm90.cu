@@ -1,0 +1,250 @@
+// Causal flash attention forward on Hopper's warpgroup MMA (wgmma, sm_90a):
+// the `v3` variant's forward (cuda_backend.h). Same function and layout as
+// flash_attention.cu's forward (qkv (B, T, 3C), out (B, T, C), lse (B, H, T)
+// natural-log, f32); the backward of `v3` is flash_attention.cu's dS-buffer
+// backward, which reads this lse.
+//
+// Block = (b, h, 128 queries), 2 warpgroups of 64 query rows each. K/V tiles
+// of 128 keys stream through a double-buffered cp.async pipeline into
+// 128-byte swizzled shared memory (wgmma.cuh). Per tile and warpgroup:
+//   S = Q K^T      wgmma m64n128k16, A and B from shared memory (K-major)
+//   online softmax on S in registers (flash_softmax.cuh, the FMA/exp2 form)
+//   O += P V       wgmma m64nDk16, P from registers (S's accumulator layout
+//                  is the A operand's), V from shared memory (N-major)
+// Head dims up to kD (64 or 128) with columns D..kD-1 zero-filled, rows past T
+// zero-filled and never stored, as in flash_attention.cu.
+//
+// Built for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is a
+// trap and FlashWgmmaBuilt() says whether the sm_90a code is in the binary.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_softmax.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr int kWgThreads = 256;  // 2 warpgroups
+constexpr int kBr = 128;         // query rows per block (64 per warpgroup)
+constexpr int kBc = 128;         // keys per streamed K/V tile
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Bytes of one swizzled tile of `rows` rows and kD 16-bit columns.
+template <int kD>
+constexpr int TileBytes(int rows) {
+  return rows * kD * 2;
+}
+// Q + 2 x (K, V), plus slack to align the tiles to 1024 bytes.
+template <int kD>
+constexpr size_t SmemBytes() {
+  return 1024 + static_cast<size_t>(TileBytes<kD>(kBr) + 4 * TileBytes<kD>(kBc));
+}
+
+// Copies rows [row0, row0 + kRows), columns [0, kD) of a (T, row_stride)
+// matrix into the swizzled tile `s` (column blocks of 64, each kRows x 128
+// bytes) with cp.async; rows >= seq and columns >= D are zero-filled.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void LoadSwizzled(unsigned char* s, const T* g, int row0, int seq, int D,
+                                             int64_t row_stride) {
+  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kWgThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    const bool valid = (row0 + r < seq) && (c * 8 < D);
+    const T* src = valid ? g + static_cast<int64_t>(row0 + r) * row_stride + c * 8 : g;
+    CpAsync16(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7), src, valid);
+  }
+}
+
+template <int kK>
+__device__ __forceinline__ void FenceFragments(uint32_t (&p)[kK][4]) {
+#pragma unroll
+  for (int i = 0; i < kK; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
+}
+
+// grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
+// Needs scale_log2 > 0 (the FMA form keeps the running max in raw units).
+template <typename T, int kD>
+__global__ void __launch_bounds__(kWgThreads, 1)
+    flash_attention_forward_wgmma_kernel(T* __restrict__ out, float* __restrict__ lse,
+                                         const T* __restrict__ qkv, int seq, int H, int D, int C,
+                                         float scale_log2) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kQTile = TileBytes<kD>(kBr), kKVTile = TileBytes<kD>(kBc);
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  unsigned char* sQ = base;           // (kD/64 blocks, kBr rows, 128 B)
+  unsigned char* sK = sQ + kQTile;    // 2 stages
+  unsigned char* sV = sK + 2 * kKVTile;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the block
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  const int row0 = warp * 16;  // this warp's first row in the block
+  const int64_t row_stride = 3LL * C;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = q_g + C;
+  const T* v_g = q_g + 2 * C;
+
+  LoadSwizzled<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
+  LoadSwizzled<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
+  LoadSwizzled<T, kD, kBc>(sV, v_g, 0, seq, D, row_stride);
+  CpAsyncCommit();
+
+  float o[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  // Causal: keys 0 .. min(seq, q0 + kBr) - 1. kBr == kBc and both tilings
+  // start at 0, so every tile a warpgroup reaches has a key visible to each
+  // of its rows: no tile is skipped, and each row's running max is finite
+  // after tile 0 (key 0).
+  const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
+  const uint32_t q_addr = SmemAddr(sQ) + wg * 64 * 128;
+
+  for (int j = 0; j < n_kv; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_kv) {
+      LoadSwizzled<T, kD, kBc>(sK + (stage ^ 1) * kKVTile, k_g, (j + 1) * kBc, seq, D, row_stride);
+      LoadSwizzled<T, kD, kBc>(sV + (stage ^ 1) * kKVTile, v_g, (j + 1) * kBc, seq, D, row_stride);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    FenceProxyAsync();  // the tiles cp.async wrote are read by the tensor cores
+    __syncthreads();
+    const int k0 = j * kBc;
+    const uint32_t k_addr = SmemAddr(sK + stage * kKVTile);
+    const uint32_t v_addr = SmemAddr(sV + stage * kKVTile);
+
+    // S = Q K^T over the head dim, 16 at a time: column block kk / 4 of the
+    // tiles, 32 bytes into its swizzled rows per step.
+    float s[kBc / 8][4];
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk & 3) * 32;
+      WgmmaSS<T, kBc>(s, SmemDescriptor(q_addr + (kk >> 2) * (kBr * 128) + off, 16, 1024),
+                      SmemDescriptor(k_addr + (kk >> 2) * (kBc * 128) + off, 16, 1024), kk > 0);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceAccumulator(s);
+
+    if (k0 + kBc - 1 > q0 + wg * 64) {  // some key after some row of this warpgroup
+#pragma unroll
+      for (int nt = 0; nt < kBc / 8; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
+          const int query = q0 + row0 + g + (e >> 1) * 8;
+          if (key > query) s[nt][e] = -INFINITY;
+        }
+    }
+    OnlineSoftmaxTile<kBc / 8, kD / 8, true>(s, o, m_run, l_run, scale_log2);
+
+    // P in the A layout, 16 keys per wgmma: key tiles 2 kk and 2 kk + 1.
+    uint32_t p[kBc / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk) {
+      p[kk][0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
+      p[kk][1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
+      p[kk][2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      p[kk][3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
+    FenceFragments(p);
+    FenceAccumulator(o);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      WgmmaRS<T, kD>(o, p[kk], SmemDescriptor(v_addr + kk * 16 * 128, kBc * 128, 1024), 1);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceAccumulator(o);
+    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+  }
+
+  float row_lse[2];
+  FinishSoftmaxRows<kD / 8, true>(o, m_run, l_run, scale_log2, row_lse);
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int q = q0 + row0 + g + r * 8;
+    if (t4 == 0 && q < seq) lse[static_cast<int64_t>(bh) * seq + q] = row_lse[r];
+  }
+  // O through sQ (free: every warp passed the loop's last barrier, and the
+  // wgmma reads of Q completed before it), swizzled as Q was.
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + g + r * 8, col = nt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(sQ + (col >> 6) * (kBr * 128) + Swizzle128(row, (col & 63) >> 3) +
+                                   (col & 7) * 2) = PackPair<T>(o[nt][2 * r], o[nt][2 * r + 1]);
+    }
+  __syncthreads();
+  T* out_g = out + static_cast<int64_t>(b) * seq * C + h * D;
+  constexpr int kChunks = kD / 8;
+  for (int i = threadIdx.x; i < kBr * kChunks; i += kWgThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (q0 + r < seq && c * 8 < D)
+      *reinterpret_cast<int4*>(out_g + static_cast<int64_t>(q0 + r) * C + c * 8) =
+          *reinterpret_cast<const int4*>(sQ + (c >> 3) * (kBr * 128) + Swizzle128(r, c & 7));
+  }
+#else
+  __trap();
+#endif
+}
+
+template <typename T, int kD>
+Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* out, float* lse,
+              const void* qkv) {
+  const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
+  const int seq = static_cast<int>(s.seq), C = H * D;
+  constexpr size_t smem = SmemBytes<kD>();
+  auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kBr));
+  kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
+                                             H, D, C, scale * kLog2e);
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_wgmma_kernel");
+  return Status::OK();
+}
+
+}  // namespace
+
+bool FlashWgmmaBuilt() {
+#if defined(STRATA_CUDA_SM90A)
+  return true;
+#else
+  return false;
+#endif
+}
+
+Status FlashAttentionForwardWgmma(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
+                                  float* lse, const void* qkv) {
+  if (!FlashWgmmaBuilt())
+    return FailedPrecondition("flash attention (wgmma): this build has no sm_90a code "
+                              "(CMAKE_CUDA_ARCHITECTURES without 90a)");
+  if (!(scale > 0.f)) return InvalidArgument("flash attention (wgmma): scale must be positive");
+  if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
+  if (s.head_dim > 128 || s.head_dim % 8 != 0)
+    return InvalidArgument("flash attention (wgmma): head_dim " + std::to_string(s.head_dim) +
+                           " (needs a multiple of 8, at most 128)");
+  const bool small = s.head_dim <= 64;
+  switch (s.dtype) {
+    case DType::kBF16:
+      return small ? Launch<bf16, 64>(stream, s, scale, out, lse, qkv) : Launch<bf16, 128>(stream, s, scale, out, lse, qkv);
+    case DType::kF16:
+      return small ? Launch<f16, 64>(stream, s, scale, out, lse, qkv) : Launch<f16, 128>(stream, s, scale, out, lse, qkv);
+    default:
+      return InvalidArgument("flash attention (wgmma): dtype must be f16 or bf16");
+  }
+}
+
+}  // namespace strata::kernels::cuda
