@@ -11,6 +11,7 @@
 //   online softmax on S in registers (flash_softmax.cuh, the FMA/exp2 form)
 //   O += P V       wgmma m64nDk16, P from registers (S's accumulator layout
 //                  is the A operand's), V from shared memory (N-major)
+// with the softmax of tile j overlapping the P V product of tile j - 1.
 // Head dims up to kD (64 or 128) with columns D..kD-1 zero-filled, rows past T
 // zero-filled and never stored, as in flash_attention.cu.
 //
@@ -90,42 +91,43 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const T* k_g = q_g + C;
   const T* v_g = q_g + 2 * C;
 
+  // cp.async groups, one per iteration j = 0 .. n_kv: group j brings K_j
+  // (and Q with it for j = 0) and V_{j-1}. Iteration j issues S_j = Q K_j^T
+  // and O += P_{j-1} V_{j-1} back to back, then runs the softmax of S_j while
+  // the tensor cores do the P V product (FlashAttention-3's overlap within a
+  // warpgroup); O is rescaled by S_j's factor once that product is done.
+  // Slots: K_j in stage j % 2, V_j in stage j % 2.
+  // Causal: keys 0 .. min(seq, q0 + kBr) - 1. kBr == kBc and both tilings
+  // start at 0, so every tile a warpgroup reaches has a key visible to each
+  // of its rows: no tile is skipped, and each row's running max is finite
+  // after tile 0 (key 0).
+  const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
   LoadSwizzled<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
   LoadSwizzled<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
-  LoadSwizzled<T, kD, kBc>(sV, v_g, 0, seq, D, row_stride);
   CpAsyncCommit();
 
   float o[kD / 8][4];
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  // Causal: keys 0 .. min(seq, q0 + kBr) - 1. kBr == kBc and both tilings
-  // start at 0, so every tile a warpgroup reaches has a key visible to each
-  // of its rows: no tile is skipped, and each row's running max is finite
-  // after tile 0 (key 0).
-  const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
+  float s[kBc / 8][4];
+  uint32_t p[kBc / 16][4];  // P_{j-1} in the A layout: 16 keys per wgmma (key tiles 2 kk, 2 kk + 1)
   const uint32_t q_addr = SmemAddr(sQ) + wg * 64 * 128;
 
-  for (int j = 0; j < n_kv; ++j) {
-    const int stage = j & 1;
-    if (j + 1 < n_kv) {
-      LoadSwizzled<T, kD, kBc>(sK + (stage ^ 1) * kKVTile, k_g, (j + 1) * kBc, seq, D, row_stride);
-      LoadSwizzled<T, kD, kBc>(sV + (stage ^ 1) * kKVTile, v_g, (j + 1) * kBc, seq, D, row_stride);
-      CpAsyncCommit();
-      CpAsyncWait<1>();
-    } else {
-      CpAsyncWait<0>();
-    }
+  // Waits for cp.async group j (K_j, V_{j-1}) after starting group j + 1.
+  auto next_tiles = [&](int j) {
+    if (j + 1 < n_kv)
+      LoadSwizzled<T, kD, kBc>(sK + ((j + 1) & 1) * kKVTile, k_g, (j + 1) * kBc, seq, D, row_stride);
+    if (j < n_kv) LoadSwizzled<T, kD, kBc>(sV + (j & 1) * kKVTile, v_g, j * kBc, seq, D, row_stride);
+    CpAsyncCommit();
+    CpAsyncWait<1>();
     FenceProxyAsync();  // the tiles cp.async wrote are read by the tensor cores
     __syncthreads();
-    const int k0 = j * kBc;
-    const uint32_t k_addr = SmemAddr(sK + stage * kKVTile);
-    const uint32_t v_addr = SmemAddr(sV + stage * kKVTile);
-
-    // S = Q K^T over the head dim, 16 at a time: column block kk / 4 of the
-    // tiles, 32 bytes into its swizzled rows per step.
-    float s[kBc / 8][4];
-    WgmmaFence();
+  };
+  // S_j over the head dim, 16 at a time: column block kk / 4 of the tiles,
+  // 32 bytes into its swizzled rows per step.
+  auto issue_s = [&](int j) {
+    const uint32_t k_addr = SmemAddr(sK + (j & 1) * kKVTile);
 #pragma unroll
     for (int kk = 0; kk < kD / 16; ++kk) {
       const uint32_t off = (kk & 3) * 32;
@@ -133,9 +135,18 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                       SmemDescriptor(k_addr + (kk >> 2) * (kBc * 128) + off, 16, 1024), kk > 0);
     }
     WgmmaCommit();
-    WgmmaWait<0>();
-    FenceAccumulator(s);
-
+  };
+  auto issue_pv = [&](int j) {  // O += P_j V_j
+    const uint32_t v_addr = SmemAddr(sV + (j & 1) * kKVTile);
+#pragma unroll
+    for (int kk = 0; kk < kBc / 16; ++kk)
+      WgmmaRS<T, kD>(o, p[kk], SmemDescriptor(v_addr + kk * 16 * 128, kBc * 128, 1024), 1);
+    WgmmaCommit();
+  };
+  // The causal mask and the softmax of S_j (done): probabilities in s, the
+  // rescale factor of O in alpha.
+  auto softmax = [&](int j, float (&alpha)[2]) {
+    const int k0 = j * kBc;
     if (k0 + kBc - 1 > q0 + wg * 64) {  // some key after some row of this warpgroup
 #pragma unroll
       for (int nt = 0; nt < kBc / 8; ++nt)
@@ -146,10 +157,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
           if (key > query) s[nt][e] = -INFINITY;
         }
     }
-    OnlineSoftmaxTile<kBc / 8, kD / 8, true>(s, o, m_run, l_run, scale_log2);
-
-    // P in the A layout, 16 keys per wgmma: key tiles 2 kk and 2 kk + 1.
-    uint32_t p[kBc / 16][4];
+    SoftmaxTileProbs<kBc / 8, true>(s, m_run, l_run, scale_log2, alpha);
+  };
+  auto pack_p = [&] {
 #pragma unroll
     for (int kk = 0; kk < kBc / 16; ++kk) {
       p[kk][0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
@@ -157,17 +167,46 @@ __global__ void __launch_bounds__(kWgThreads, 1)
       p[kk][2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
       p[kk][3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
     }
-    FenceFragments(p);
-    FenceAccumulator(o);
+  };
+
+  // Tile 0: S_0 alone.
+  next_tiles(0);
+  {
+    float alpha[2];
     WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaRS<T, kD>(o, p[kk], SmemDescriptor(v_addr + kk * 16 * 128, kBc * 128, 1024), 1);
-    WgmmaCommit();
+    issue_s(0);
     WgmmaWait<0>();
-    FenceAccumulator(o);
-    __syncthreads();  // this stage is refilled by the next iteration's prefetch
+    FenceAccumulator(s);
+    softmax(0, alpha);  // O is still zero: no rescale
+    pack_p();
   }
+  __syncthreads();
+  for (int j = 1; j < n_kv; ++j) {
+    next_tiles(j);
+    float alpha[2];
+    FenceAccumulator(o);
+    FenceFragments(p);
+    WgmmaFence();
+    issue_s(j);
+    issue_pv(j - 1);
+    WgmmaWait<1>();  // S_j is done; P_{j-1} V_{j-1} may still run
+    FenceAccumulator(s);
+    softmax(j, alpha);
+    WgmmaWait<0>();  // O and p are free
+    FenceAccumulator(o);
+    RescaleRows(o, alpha);
+    pack_p();
+    __syncthreads();  // the slots read in this iteration are refilled by the next one
+  }
+  // The last product.
+  next_tiles(n_kv);
+  FenceAccumulator(o);
+  FenceFragments(p);
+  WgmmaFence();
+  issue_pv(n_kv - 1);
+  WgmmaWait<0>();
+  FenceAccumulator(o);
+  __syncthreads();
 
   float row_lse[2];
   FinishSoftmaxRows<kD / 8, true>(o, m_run, l_run, scale_log2, row_lse);
