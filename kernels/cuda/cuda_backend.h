@@ -83,6 +83,10 @@ struct CudaBackendOptions {
   std::string flash_variant;
   bool tf32 = false;           // f32 GEMMs in TF32: faster, about 1e-3 relative error
   bool gemm_epilogues = true;  // fuse bias/GELU into cuBLASLt where it supports them
+  // Time cuBLASLt's candidate algorithms at a large GEMM's first call and keep
+  // the fastest that gives the heuristic choice's bits (kernels/cuda/gemm.h,
+  // GemmOptions::tune). STRATA_GEMM_TUNE=0/1 overrides.
+  bool gemm_tune = true;
 };
 
 // MakeCudaBackend(int device) (backend.h) uses the defaults above, except that

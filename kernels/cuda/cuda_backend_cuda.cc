@@ -87,6 +87,8 @@ class CudaBackend final : public Backend {
     cuda::GemmOptions go;
     go.tf32 = opts.tf32;
     go.epilogues = opts.gemm_epilogues;
+    go.tune = opts.gemm_tune;
+    if (const char* e = std::getenv("STRATA_GEMM_TUNE"); e && *e) go.tune = *e != '0';
     ASSIGN_OR_RETURN(b->gemm_, GemmRunner::Make(b->stream_, go));
     CUDA_RETURN_IF_ERROR(cudaMalloc(&b->scratch_, kScratchBytes));
     return std::unique_ptr<Backend>(std::move(b));

@@ -41,6 +41,8 @@
 #include <array>
 #include <cstdint>
 #include <map>
+#include <string>
+#include <vector>
 #include <memory>
 
 #include "kernels/backend.h"
@@ -63,6 +65,15 @@ struct GemmOptions {
   bool tf32 = false;       // f32 GEMMs in TF32 (CUBLAS_COMPUTE_32F_FAST_TF32)
   bool epilogues = true;   // fuse bias/GELU into cuBLASLt when supported
   size_t workspace_bytes = 32u << 20;
+  // Tuning: at the first call of a plan of at least tune_min_flops, time up
+  // to 8 of cuBLASLt's candidate algorithms on the call's own operands (5
+  // runs each) and keep the fastest of those whose result is bitwise the
+  // heuristic choice's, if it is more than 3% faster; so the choice never
+  // changes the numbers (gemm_cuda.cc, Tune). Costs a few tens of ms per
+  // large plan, once; uses no GPU memory beyond the call's. With
+  // STRATA_GEMM_TUNE_LOG=1 each search prints what it saw to stderr.
+  bool tune = true;
+  double tune_min_flops = 1e11;
 };
 
 class GemmRunner {
@@ -83,6 +94,9 @@ class GemmRunner {
   // ran, not the kernel fallback).
   int64_t fused_epilogue_calls() const { return fused_epilogue_calls_; }
   int64_t fused_bias_grad_calls() const { return fused_bias_grad_calls_; }
+  // Plans tuned, and of those, plans that left the heuristic's algorithm.
+  int64_t tuned_plans() const { return tuned_plans_; }
+  int64_t retuned_plans() const { return retuned_plans_; }
 
  private:
   GemmRunner(cudaStream_t stream, const GemmOptions& opts) : stream_(stream), opts_(opts) {}
@@ -94,6 +108,8 @@ class GemmRunner {
     cublasLtMatmulAlgo_t algo{};
     bool has_algo = false;
     bool out_of_place = false;  // the algorithm may read C from another buffer than D
+    std::vector<cublasLtMatmulAlgo_t> candidates;  // tuning: the heuristic's list, best first
+    bool tuned = false;
     ~Plan();
   };
   // The plan for g with epilogue `epi` (cublasLtEpilogue_t) and, for the
@@ -102,6 +118,9 @@ class GemmRunner {
   Result<Plan*> GetPlan(const GemmArgs& g, int epi, int bias_type);
   // C_in -> C for each batch item (when the algorithm cannot read C_in itself).
   Status CopyCIn(const GemmArgs& g);
+  // Tuning at the plan's first call (GemmOptions::tune); c_read is the C the
+  // call reads. Leaves C as it found it.
+  Status Tune(Plan* plan, const GemmArgs& g, const void* c_read, const std::string& name);
 
   cudaStream_t stream_;
   GemmOptions opts_;
@@ -113,6 +132,7 @@ class GemmRunner {
   void* scratch_ = nullptr;
   std::map<Key, std::unique_ptr<Plan>> plans_;
   int64_t fused_epilogue_calls_ = 0, fused_bias_grad_calls_ = 0;
+  int64_t tuned_plans_ = 0, retuned_plans_ = 0;
 };
 
 // gemm_epilogue.cu: for each of `batch` items (stride_c elements apart) and

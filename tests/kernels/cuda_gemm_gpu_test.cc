@@ -338,6 +338,59 @@ TEST_F(CudaGemmRunnerTest, FusedDgeluIsTheTanhDerivativeAndSumsItsOutput) {
     EXPECT_LT(d_bias, 1e-2) << "bias_grad is not the column sums of the dGELU'd output";
   }
 }
+
+// The tuner (GemmOptions::tune) only ever picks an algorithm that gives the
+// heuristic choice's bits, and leaves C as the call alone would: the bias +
+// GELU forward, and the residual form C += A B + bias with C read in place
+// (the tuner's trials must not accumulate into it).
+TEST_F(CudaGemmRunnerTest, TuningKeepsTheBitsAndTheAccumulatedC) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  const int64_t m = 4096, n = 2048, k = 8192;  // 1.4e11 flops: above tune_min_flops
+  const DType dt = DType::kBF16;
+  auto up = [&](const std::vector<float>& v) {
+    const std::vector<uint8_t> bytes = ::strata::testing::ToBytes(v, dt);
+    auto buf = gpu_->Allocate(bytes.size());
+    EXPECT_OK(buf.status());
+    EXPECT_OK(gpu_->CopyToDevice(buf->data(), bytes.data(), bytes.size()));
+    return std::move(buf).value();
+  };
+  const uint64_t seed = ::strata::testing::FreshSeed();
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  DeviceBuffer A = up(::strata::testing::RandomFloats(m * k, seed, -1.f, 1.f));
+  DeviceBuffer B = up(::strata::testing::RandomFloats(k * n, seed + 1, -1.f, 1.f));
+  DeviceBuffer bias = up(::strata::testing::RandomFloats(n, seed + 2, -1.f, 1.f));
+  const std::vector<float> c0 = ::strata::testing::RandomFloats(m * n, seed + 3, -4.f, 4.f);
+  for (bool residual : {false, true}) {
+    SCOPED_TRACE(residual ? "C += A B + bias" : "C = GELU(A B + bias)");
+    std::vector<uint8_t> result[2];
+    int64_t tuned = 0;
+    for (bool tune : {false, true}) {
+      cuda::GemmOptions o;
+      o.tune = tune;
+      auto runner = cuda::GemmRunner::Make(static_cast<cudaStream_t>(gpu_->native_stream()), o);
+      ASSERT_OK(runner.status());
+      DeviceBuffer C = up(c0);
+      GemmArgs g;
+      g.m = m, g.n = n, g.k = k;
+      g.a = A.data(), g.lda = k, g.b = B.data(), g.ldb = n, g.c = C.data(), g.ldc = n;
+      g.ab_dtype = g.c_dtype = dt;
+      g.bias = bias.data();
+      if (residual) g.beta = 1.f;
+      else g.gelu = true;
+      ASSERT_OK((*runner)->Run(g));
+      ASSERT_OK(gpu_->Synchronize());
+      result[tune].resize(m * n * DTypeSize(dt));
+      ASSERT_OK(gpu_->CopyToHost(result[tune].data(), C.data(), result[tune].size()));
+      if (tune) tuned = (*runner)->tuned_plans();
+      else EXPECT_EQ((*runner)->tuned_plans(), 0);
+      std::printf("[ tune ] %s: tuned plans %lld, left the heuristic's algorithm: %lld\n",
+                  residual ? "residual" : "gelu", static_cast<long long>((*runner)->tuned_plans()),
+                  static_cast<long long>((*runner)->retuned_plans()));
+    }
+    EXPECT_EQ(tuned, 1) << "the tuner did not run: nothing checked";
+    EXPECT_TRUE(result[0] == result[1]) << "tuning changed the result";
+  }
+}
 #endif  // STRATA_WITH_CUDA
 
 }  // namespace
