@@ -275,7 +275,8 @@ Status GemmRunner::Tune(Plan* plan, const GemmArgs& g, const void* c_read, const
   }
   cudaEvent_t t0 = nullptr, t1 = nullptr;
   CUDA_RETURN_IF_ERROR(cudaEventCreate(&t0));
-  Status st = CudaStatus(cudaEventCreate(&t1), "cudaEventCreate", __FILE__, __LINE__);
+  const cudaError_t made = cudaEventCreate(&t1);
+  Status st = made == cudaSuccess ? Status::OK() : CudaStatus(made, "cudaEventCreate(&t1)", __FILE__, __LINE__);
   std::string log = "gemm tune " + name + ":";
   size_t best = 0;
   float best_ms = 0;
