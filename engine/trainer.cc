@@ -301,8 +301,15 @@ struct Trainer::Impl {
   // (a failure before the step's end aborts it: AbortJob).
   bool job_in_backward = false;
   // Streaming: each shard's non-finite gradient count ([shards] int32,
-  // pinned), copied down from stats_dev after the shard's gradient work.
+  // pinned), copied down from stats_dev after the shard's gradient work, by
+  // a copy engine of their own: each copy waits on the GPU for the compute
+  // stream to reach its shard's end, and on the store's shared D2H stream
+  // that wait would hold up every copy queued after it (the step thread
+  // queues the backward far ahead of the GPU) — the workers' own gradient
+  // downloads included. Declared after nonfinite_host: its destructor waits
+  // for the copies into it.
   TierBlock nonfinite_host;
+  std::unique_ptr<CopyEngine> count_copies;
   // The optimizer's workers (the CPU Adam, and the GPU-assisted one when on)
   // claim the job's shards in claim_order, one at a time.
   std::thread opt_thread, assist_thread;
@@ -330,7 +337,7 @@ struct Trainer::Impl {
   // GPU-assisted chunks), counted apart so that each step reports its own
   // transfers plus exactly the previous update's whatever their timing: a
   // worker counts a copy and submits it under bytes_mu, and the step thread
-  // reads the links' counters and these under it (OptCopy, StepBytes).
+  // reads the links' counters and these under it (OptCopy, RunStep).
   // Lock order: mu before bytes_mu.
   std::mutex bytes_mu;
   LinkBytes opt_copied;               // GUARDED_BY(bytes_mu): all the workers' copies so far
@@ -586,6 +593,10 @@ Status Trainer::Impl::Setup() {
   if (streaming) {
     std::reverse(claim_order.begin(), claim_order.end());
     ASSIGN_OR_RETURN(nonfinite_host, store->host_tier()->Allocate(4 * shards.size(), "non-finite gradient counts"));
+    CopyEngineOptions co;
+    co.stand_in = !cuda;
+    co.staging_bytes = 4096;  // (only pinned memory is copied)
+    ASSIGN_OR_RETURN(count_copies, CopyEngine::Create(co));
   }
   grad_final.assign(shards.size(), 0);
   grad_counted.assign(shards.size(), CopyTicket{});
@@ -1357,15 +1368,13 @@ Status Trainer::Impl::PostJob(const OptJob& j) {
 // gradient and parameters (CheckFinite). The write-back itself is ordered by
 // the store: the worker's Acquire of the gradient on the host first finishes
 // the moves queued on it (tiers/tier_store.h, "operations on one tensor run
-// in call order"). The count's 4 bytes are not the step's traffic
-// (excluded_bytes).
+// in call order"), so no one polls for it.
 Status Trainer::Impl::GradFinal(size_t s) {
   if (!job_in_backward || s < gpu_prefix) return Status::OK();
   CopyAfter after;
   if (cuda()) after.stream = stream();
-  ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->DeviceToHost(nonfinite_host.as<int32_t>() + s, NonfiniteDev(s),
-                                                                    4, after, HostMemory::kPinned));
-  excluded_bytes.d2h += 4;
+  ASSIGN_OR_RETURN(CopyTicket t, count_copies->DeviceToHost(nonfinite_host.as<int32_t>() + s, NonfiniteDev(s), 4,
+                                                            after, HostMemory::kPinned));
   std::lock_guard<std::mutex> lk(mu);
   grad_counted[s] = t;
   grad_final[s] = 1;
@@ -1980,8 +1989,9 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   // step's bytes are all counted before it starts.
   RETURN_IF_ERROR(prefetcher->WaitEvictions());
   if (job_in_backward) {
-    // The shards' non-finite counts have been copied down before the next
-    // step's statistics overwrite them (the copies queue behind write-backs).
+    // Every shard's non-finite count has come down (the workers may not
+    // have asked for the last ones yet) before the next step's statistics
+    // overwrite stats_dev.
     std::vector<CopyTicket> counts;
     {
       std::lock_guard<std::mutex> lk(mu);
