@@ -1373,8 +1373,11 @@ Status Trainer::Impl::GradFinal(size_t s) {
   if (!job_in_backward || s < gpu_prefix) return Status::OK();
   CopyAfter after;
   if (cuda()) after.stream = stream();
-  ASSIGN_OR_RETURN(CopyTicket t, count_copies->DeviceToHost(nonfinite_host.as<int32_t>() + s, NonfiniteDev(s), 4,
-                                                            after, HostMemory::kPinned));
+  // (Unpinned, the copy goes through the engine's staging on its own thread:
+  // the step thread never waits for the compute stream here.)
+  const HostMemory hm = store->host_tier()->pinned() ? HostMemory::kPinned : HostMemory::kPageable;
+  ASSIGN_OR_RETURN(CopyTicket t,
+                   count_copies->DeviceToHost(nonfinite_host.as<int32_t>() + s, NonfiniteDev(s), 4, after, hm));
   std::lock_guard<std::mutex> lk(mu);
   grad_counted[s] = t;
   grad_final[s] = 1;
