@@ -110,10 +110,10 @@ struct StepReport {
   double optimizer_gpu_share = 0;
   // Bytes moved since the last step (the previous step's optimizer update,
   // which overlaps this step's forward, included; Evaluate's and Save's not).
-  // PCIe bytes are exact whichever the update mode: the optimizer's own copies
-  // count with the update they belong to (the previous step's), wherever they
-  // fall in time. The NVMe bytes are the links' counts between the ends of
-  // two steps: an update running across a step's end (its write-behind, or
+  // Whichever the update mode, the optimizer's own PCIe copies count with
+  // the update they belong to (the previous step's), wherever they fall in
+  // time. The NVMe bytes are the links' counts between the ends of two
+  // steps: an update running across a step's end (its write-behind, or
   // during the backward its state reads) splits between two reports.
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
   double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
