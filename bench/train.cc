@@ -305,7 +305,7 @@ int RunTrain(int argc, char** argv) {
   bool no_profile = false;
   std::string workload, gpu_limit, host_limit;
   int64_t accum = 0;
-  double ratio = 1.0;
+  double ratio = 1.0, clip = 1.0;
   po::options_description desc("strata-bench train: training-step throughput");
   AddCommonOptions(desc, o.common);
   desc.add_options()("resident", po::bool_switch(&o.resident), kWorkloads[0].summary)(
@@ -316,6 +316,8 @@ int RunTrain(int argc, char** argv) {
       "accum", po::value(&accum), "--workload: gradient accumulation steps (default: the workload's)")(
       "optimizer-ratio", po::value(&ratio)->default_value(1.0),
       "--workload: zero_optimization.offload_optimizer.ratio (the share of the optimizer state offloaded)")(
+      "clip", po::value(&clip)->default_value(1.0),
+      "--workload: gradient_clipping (0: none, and then the optimizer update runs during the backward)")(
       "backend", po::value(&o.backend)->default_value("cuda"), "cuda, or cpu (a smoke test)")(
       "layers", po::value(&o.layers), "transformer blocks (default 24)")(
       "d", po::value(&o.d), "model width (default 2048)")(
@@ -351,6 +353,7 @@ int RunTrain(int argc, char** argv) {
     w.layers = o.layers, w.d = o.d, w.heads = o.heads, w.seq = o.seq, w.batch = o.batch, w.vocab = o.vocab;
     w.accum = accum;
     w.optimizer_ratio = ratio;
+    w.clip = clip;
     return RunOffloadWorkload(w);
   }
   if (o.resident) return RunResident(o);

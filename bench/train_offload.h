@@ -19,6 +19,7 @@ struct OffloadBenchOptions {
   // Shape overrides (0: the workload's), for smoke runs on small machines.
   int64_t layers = 0, d = 0, heads = 0, seq = 0, batch = 0, vocab = 0, accum = 0;
   double optimizer_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
+  double clip = 1.0;             // gradient_clipping (0: none; the optimizer update then runs during the backward)
 };
 
 int RunOffloadWorkload(const OffloadBenchOptions& o);

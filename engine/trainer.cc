@@ -1,9 +1,11 @@
 // The offload trainer. Read top to bottom it is the step:
 //   Create      backend, plan, store, tensors, init/resume          (setup)
-//   Step        Forward -> Head -> Backward -> StartOptimizer       (one step)
+//   Step        Forward -> Head -> Backward -> post the optimizer's job (one step;
+//               before the last pass's Head when the update runs during the backward)
 //   Schedule    the step's GPU accesses, in order: the prefetcher (swap/) runs
 //               them, keeping what comes next resident within the GPU room
-//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward);
+//   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward,
+//               and the backward too when nothing waits on the global norm: UpdateModeFor);
 //               UpdateGpuPrefix: the GPU-state shards of offload_optimizer.ratio < 1
 //   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
 #include "engine/trainer.h"
@@ -142,6 +144,38 @@ Result<optim::LrSchedule> MakeLrSchedule(const Config& c, int64_t total_steps) {
   return r;
 }
 
+// When the offloaded optimizer state is updated. The exact update of a shard
+// needs its final gradient and the step's gradient multiplier; that
+// multiplier is GradMultiplier(scale, 1) before the backward ends unless
+// gradient clipping needs the global norm or a dynamic loss scale may skip
+// the step on overflow (which must leave every shard untouched). Then the
+// shards are updated during the backward, each as its gradient is final;
+// else after it. With every shard's state on the GPU (the GPU Adam, at device
+// speed) there is nothing worth moving into the backward.
+struct UpdateMode {
+  bool during_backward = false;
+  std::string why;
+};
+
+UpdateMode UpdateModeFor(const Config& c, const Plan& p, int64_t n_shards, bool forced_after) {
+  auto num = [](double v) {
+    char b[32];
+    std::snprintf(b, sizeof b, "%g", v);
+    std::string t = b;
+    if (t.find_first_of(".e") == std::string::npos) t += ".0";
+    return t;
+  };
+  if (p.optimizer == TierKind::kGpu || p.optimizer_gpu_shards >= n_shards)
+    return {false, "after backward (the optimizer state is on the GPU)"};
+  if (forced_after) return {false, "after backward (TrainOptions::optimizer_after_backward)"};
+  if (c.gradient_clipping > 0)
+    return {false, "after backward (gradient_clipping " + num(c.gradient_clipping) + " needs the global norm)"};
+  if (c.fp16.enabled && c.fp16.loss_scale == 0)
+    return {false, "after backward (fp16's dynamic loss scale skips the step on overflow)"};
+  const std::string what = c.fp16.enabled ? "fp16, static loss scale " + num(c.fp16.loss_scale) : c.precision();
+  return {true, "during backward (no clipping, " + what + ")"};
+}
+
 }  // namespace
 
 // One optimizer shard: a buffer of the model (embedding, a block, ln_f) with
@@ -249,26 +283,66 @@ struct Trainer::Impl {
   struct OptJob {
     int64_t step = 0;        // the step number this update produces (1-based)
     bool skip = false;       // fp16 overflow: nothing to update
+    // Posted before the backward's last pass: a shard is claimed once its
+    // gradient is final (grad_final), and checked finite first (CheckFinite).
+    bool streaming = false;
     double grad_multiplier = 1;
     optim::AdamHyper hyper;
   };
+  // The update mode (UpdateModeFor), fixed for the run: during the backward
+  // (`streaming`) or after it, and the reason, for the plan and the log.
+  bool streaming = false;
+  std::string update_mode;
+  // The shards the workers update (every shard from gpu_prefix on), in the
+  // order they claim them: forward order after the backward, the backward's
+  // order (ln_f, the last block ... the embedding) during it.
+  std::vector<size_t> claim_order;
+  // The step thread's: this step's streaming job is posted and not settled
+  // (a failure before the step's end aborts it: AbortJob).
+  bool job_in_backward = false;
+  // Streaming: each shard's non-finite gradient count ([shards] int32,
+  // pinned), copied down from stats_dev after the shard's gradient work, by
+  // a copy engine of their own: each copy waits on the GPU for the compute
+  // stream to reach its shard's end, and on the store's shared D2H stream
+  // that wait would hold up every copy queued after it (the step thread
+  // queues the backward far ahead of the GPU) — the workers' own gradient
+  // downloads included. Declared after nonfinite_host: its destructor waits
+  // for the copies into it.
+  TierBlock nonfinite_host;
+  std::unique_ptr<CopyEngine> count_copies;
   // The optimizer's workers (the CPU Adam, and the GPU-assisted one when on)
-  // claim the job's shards in forward order, one at a time.
+  // claim the job's shards in claim_order, one at a time.
   std::thread opt_thread, assist_thread;
   std::mutex mu;
   std::condition_variable cv;
   std::optional<OptJob> job;          // GUARDED_BY(mu): reset when every worker is done with it
   int64_t job_seq = 0;                // GUARDED_BY(mu): jobs posted
-  size_t next_shard = 0;              // GUARDED_BY(mu): the next shard to claim
+  size_t next_claim = 0;              // GUARDED_BY(mu): the next index of claim_order to claim
   int job_workers = 0;                // GUARDED_BY(mu): workers still on the job
   double job_t0 = 0;                  // GUARDED_BY(mu)
   uint64_t assist_params = 0;         // GUARDED_BY(mu): parameters the GPU-assisted worker updated, this job
-  double assist_share = 0;            // GUARDED_BY(mu): of the last job
+  int64_t job_writes = 0;             // GUARDED_BY(mu): shards this job has written
+  std::vector<char> grad_final;       // GUARDED_BY(mu): streaming job: per shard, its gradient is final and home-bound
+  std::vector<CopyTicket> grad_counted;  // GUARDED_BY(mu): ... and the copy of its non-finite count (after its GPU work)
+  bool job_abort = false;             // GUARDED_BY(mu): the step failed with its streaming job posted: claim no more
   std::vector<CopyTicket> uploads;    // GUARDED_BY(mu): per shard, the upload of its new parameters
   bool stop = false;                  // GUARDED_BY(mu)
   std::vector<int64_t> updated;       // GUARDED_BY(mu): optimizer steps applied per shard
   Status opt_error;                   // GUARDED_BY(mu): sticky
-  double opt_seconds = 0;             // GUARDED_BY(mu): of the last job
+  // Of each job, by its step's parity (the previous job's is read while the
+  // next may be running): its time and the GPU-assisted worker's share.
+  double job_seconds[2] = {0, 0};     // GUARDED_BY(mu)
+  double job_assist_share[2] = {0, 0};  // GUARDED_BY(mu)
+  // The workers' own PCIe copies (staged gradients, parameter uploads, the
+  // GPU-assisted chunks), counted apart so that each step reports its own
+  // transfers plus exactly the previous update's whatever their timing: a
+  // worker counts a copy and submits it under bytes_mu, and the step thread
+  // reads the links' counters and these under it (OptCopy, RunStep).
+  // Lock order: mu before bytes_mu.
+  std::mutex bytes_mu;
+  LinkBytes opt_copied;               // GUARDED_BY(bytes_mu): all the workers' copies so far
+  LinkBytes job_copied[2];            // GUARDED_BY(bytes_mu): per job, by its step's parity
+  LinkBytes last_opt_copied;          // the step thread's: opt_copied at the last step's end
 
   // ---- setup -------------------------------------------------------------------
   Status Setup();
@@ -300,6 +374,15 @@ struct Trainer::Impl {
   void ScheduleHead(AccessSchedule* s, int64_t a0, int64_t a1) const;
   void ScheduleBackward(AccessSchedule* s, int64_t a0, int64_t a1) const;
   Status FinishGrad(Shard& sh, void* acc, void* acquired);
+  Result<StepReport> RunStep(const int32_t* tokens, const int32_t* targets);
+  OptJob MakeJob(int64_t job_step, const optim::LrValue& lr, double grad_multiplier, bool streaming) const;
+  Status PostJob(const OptJob& j);
+  Status GradFinal(size_t s);
+  void AbortJob(const Status& why);
+  Status NonFiniteError(int64_t job_step, const std::string& what) const;
+  Status CheckFinite(const Shard& sh, const CopyTicket& counted, int64_t job_step);
+  Result<CopyTicket> OptCopy(int64_t job_step, CopyDirection dir, void* dst, const void* src, uint64_t bytes,
+                             const CopyAfter& after = {});
   void OptimizerLoop(bool gpu_worker);
   Status UpdateGpuPrefix(const OptJob& j);
   Status UpdateShard(Shard& sh, const OptJob& j);
@@ -316,6 +399,12 @@ struct Trainer::Impl {
   TrainState CurrentState() const;
 
   void* stream() const { return backend->native_stream(); }
+  // stats_dev: the squared norm (float, at 0) and each shard's non-finite
+  // count (int32 per shard, from 64).
+  size_t StatsBytes() const { return 64 + 4 * static_cast<size_t>(L + 2); }
+  int32_t* NonfiniteDev(size_t s) const {
+    return reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64) + s;
+  }
   // The largest shard the host optimizer updates (0: every shard's state is
   // on the GPU): what the staging and the assist buffers are sized for.
   uint64_t MaxOffloadedNumel() const {
@@ -496,6 +585,22 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(SetUpAssist());
   updated.assign(shards.size(), 0);  // re-set after a resume
   uploads.assign(shards.size(), CopyTicket{});
+  const UpdateMode mode =
+      UpdateModeFor(cfg, plan, static_cast<int64_t>(shards.size()), opt.optimizer_after_backward);
+  streaming = mode.during_backward;
+  update_mode = mode.why;
+  for (size_t i = gpu_prefix; i < shards.size(); ++i) claim_order.push_back(i);
+  if (streaming) {
+    std::reverse(claim_order.begin(), claim_order.end());
+    ASSIGN_OR_RETURN(nonfinite_host, store->host_tier()->Allocate(4 * shards.size(), "non-finite gradient counts"));
+    CopyEngineOptions co;
+    co.stand_in = !cuda;
+    co.staging_bytes = 4096;  // (only pinned memory is copied)
+    ASSIGN_OR_RETURN(count_copies, CopyEngine::Create(co));
+  }
+  grad_final.assign(shards.size(), 0);
+  grad_counted.assign(shards.size(), CopyTicket{});
+  *log << "optimizer update: " << update_mode << "\n";
   if (!opt.resume_dir.empty()) {
     TrainState ts;
     std::string path;
@@ -647,7 +752,7 @@ Status Trainer::Impl::CreateTensors() {
   ASSIGN_OR_RETURN(tokens_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "tokens"));
   ASSIGN_OR_RETURN(targets_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "targets"));
   ASSIGN_OR_RETURN(losses_dev, gt->Allocate(static_cast<uint64_t>(A * B * T) * 4, "losses"));
-  ASSIGN_OR_RETURN(stats_dev, gt->Allocate(256, "gradient statistics"));
+  ASSIGN_OR_RETURN(stats_dev, gt->Allocate(std::max<size_t>(256, StatsBytes()), "gradient statistics"));
   if (grad_dtype != DType::kF32) {
     const int64_t Cb = kernels::BlockLayout::For(C).numel;
     ASSIGN_OR_RETURN(block_acc, gt->Allocate(static_cast<uint64_t>(Cb) * 4, "block gradient accumulator"));
@@ -1002,12 +1107,18 @@ Status Trainer::Impl::StartPrefetcher() {
   PrefetcherOptions po;
   po.budget_bytes = budget;
   // A shard's parameters are loaded for step `cycle` only once the optimizer
-  // has written them (exactness: never a stale weight, never a wasted load).
+  // has written them (exactness: never a stale weight, never a wasted load),
+  // and not before the step that made them has ended (`step`, the step
+  // thread's, as this is called on it): an update that runs during the
+  // backward does not pull the next step's loads into this one, so each
+  // step moves what its schedule says.
   po.ready = [this](TensorId id, uint64_t cycle) {
     auto it = param_shard.find(id.value);
     if (it == param_shard.end()) return true;
+    const int64_t want = prefetch_step0 + static_cast<int64_t>(cycle);
+    if (step < want) return false;
     std::lock_guard<std::mutex> lk(mu);
-    return updated[it->second] >= prefetch_step0 + static_cast<int64_t>(cycle);
+    return updated[it->second] >= want;
   };
   prefetch_step0 = step;
   ASSIGN_OR_RETURN(prefetcher, Prefetcher::Create(store.get(), std::move(s), std::move(po)));
@@ -1110,21 +1221,30 @@ Status Trainer::Impl::Head(int64_t a0, int64_t a1, double dloss) {
   }
   RETURN_IF_ERROR(pf.Release(lnf.p, false, stream()));
   RETURN_IF_ERROR(pf.Release(emb.p, false, stream()));
-  // After the last micro-batch ln_f's gradients are complete; the
-  // embedding's get the token scatter at the end of Backward().
-  if (last) return FinishGrad(lnf, facc, fg.data);
+  // After the last micro-batch ln_f's gradients are complete (its
+  // parameters are released: it may be updated now); the embedding's get the
+  // token scatter at the end of Backward().
+  if (last) {
+    RETURN_IF_ERROR(FinishGrad(lnf, facc, fg.data));
+    return GradFinal(shards.size() - 1);
+  }
   if (grad_dtype == DType::kF32) return pf.Release(lnf.g, true, stream());
   return Status::OK();
 }
 
 // The gradient of shard `sh` is complete in the fp32 accumulator `acc`: take
-// its statistics, round it into the store's copy (`acquired`: the GPU view
-// already pinned in fp32 mode, else null) and release it: a gradient with a
-// host home leaves for it at once (its next use overwrites the GPU copy).
+// its statistics (the squared norm summed over all shards in the backward's
+// order, the non-finite count per shard), round it into the store's copy
+// (`acquired`: the GPU view already pinned in fp32 mode, else null) and
+// release it: a gradient with a host home leaves for it at once (its next use
+// overwrites the GPU copy; the prefetcher queues that write-back now).
 Status Trainer::Impl::FinishGrad(Shard& sh, void* acc, void* acquired) {
+  const size_t si = static_cast<size_t>(&sh - shards.data());
+  if (!opt.inject_nonfinite_shard.empty() && sh.name == opt.inject_nonfinite_shard &&
+      step + 1 == opt.inject_nonfinite_step)
+    RETURN_IF_ERROR(backend->Memset(acc, 0xff, 4));  // a NaN (TrainOptions, tests)
   float* sumsq = stats_dev.as<float>();
-  int32_t* nonfinite = reinterpret_cast<int32_t*>(stats_dev.as<char>() + 64);
-  RETURN_IF_ERROR(backend->GradStats(acc, DType::kF32, sh.numel, sumsq, nonfinite));
+  RETURN_IF_ERROR(backend->GradStats(acc, DType::kF32, sh.numel, sumsq, NonfiniteDev(si)));
   if (!acquired) {
     ASSIGN_OR_RETURN(TensorView g, prefetcher->Acquire(sh.g, Access::kWriteDiscard));
     RETURN_IF_ERROR(backend->Cast(g.data, grad_dtype, acc, DType::kF32, sh.numel));
@@ -1171,10 +1291,13 @@ Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
       // The accumulator is rewritten from scratch by the next step's first
       // micro-batch: it need not go home.
       if (accum_across && !f32) RETURN_IF_ERROR(pf.Release(sh.gacc, false, stream()));
+      RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
+      // The block is done with in this step: it may be updated now.
+      RETURN_IF_ERROR(GradFinal(si));
     } else {
       RETURN_IF_ERROR(pf.Release(acc_id, true, stream()));
+      RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
     }
-    RETURN_IF_ERROR(pf.Release(sh.p, false, stream()));
   }
   // Embedding backward: d wte += by token (the head wrote its part), d wpe.
   Shard& emb = shards.front();
@@ -1186,13 +1309,139 @@ Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
   if (last) st = FinishGrad(emb, eacc, f32 ? eacc : nullptr);
   else if (f32) st = pf.Release(emb.g, true, stream());
   if (f32) emb_grad_view = TensorView{};
+  if (st.ok() && last) st = GradFinal(0);
   return st;
 }
 
 // ---- the optimizer (its own thread) ---------------------------------------------------
 
+Trainer::Impl::OptJob Trainer::Impl::MakeJob(int64_t job_step, const optim::LrValue& lr, double grad_multiplier,
+                                             bool streaming_job) const {
+  OptJob j;
+  j.step = job_step;
+  j.streaming = streaming_job;
+  j.grad_multiplier = grad_multiplier;
+  j.hyper.lr = lr.lr;
+  j.hyper.beta1 = lr.beta1.value_or(cfg.optimizer.beta1);
+  j.hyper.beta2 = lr.beta2.value_or(cfg.optimizer.beta2);
+  j.hyper.eps = cfg.optimizer.eps;
+  j.hyper.weight_decay = cfg.optimizer.weight_decay;
+  j.hyper.decay_mode = cfg.optimizer.adam_w_mode ? optim::WeightDecayMode::kDecoupled : optim::WeightDecayMode::kL2;
+  j.hyper.bias_correction = cfg.optimizer.bias_correction;
+  j.hyper.step = job_step;
+  return j;
+}
+
+// Hands a job to the workers. The previous job is over for every worker (its
+// shards are all updated — the forward waited for them — but a worker may
+// still be on its way out): a job is never replaced under a worker that has
+// not finished it.
+Status Trainer::Impl::PostJob(const OptJob& j) {
+  std::unique_lock<std::mutex> lk(mu);
+  cv.wait(lk, [&] { return !job.has_value(); });
+  job = j;
+  ++job_seq;
+  next_claim = 0;
+  job_workers = assist ? 2 : 1;
+  job_t0 = Now();
+  assist_params = 0;
+  job_writes = 0;
+  job_abort = false;
+  std::fill(grad_final.begin(), grad_final.end(), 0);
+  std::fill(grad_counted.begin(), grad_counted.end(), CopyTicket{});
+  {
+    // No worker copies now (none is on a job); this slot last held the job
+    // two steps back, reported already.
+    std::lock_guard<std::mutex> bl(bytes_mu);
+    job_copied[j.step % 2] = LinkBytes{};
+  }
+  cv.notify_all();
+  return Status::OK();
+}
+
+// During a streaming job: shard `s`'s gradient is final (its write-back to a
+// host home queued by the prefetcher at its release) and the step is done
+// with its parameters, so a worker may take it. Its non-finite count is
+// copied down after everything queued on the compute stream so far — the
+// shard's backward, its statistics, its rounding — so that copy's ticket
+// tells the worker both the count and that the GPU is done with the shard's
+// gradient and parameters (CheckFinite). The write-back itself is ordered by
+// the store: the worker's Acquire of the gradient on the host first finishes
+// the moves queued on it (tiers/tier_store.h, "operations on one tensor run
+// in call order"), so no one polls for it.
+Status Trainer::Impl::GradFinal(size_t s) {
+  if (!job_in_backward || s < gpu_prefix) return Status::OK();
+  CopyAfter after;
+  if (cuda()) after.stream = stream();
+  // (Unpinned, the copy goes through the engine's staging on its own thread:
+  // the step thread never waits for the compute stream here.)
+  const HostMemory hm = store->host_tier()->pinned() ? HostMemory::kPinned : HostMemory::kPageable;
+  ASSIGN_OR_RETURN(CopyTicket t,
+                   count_copies->DeviceToHost(nonfinite_host.as<int32_t>() + s, NonfiniteDev(s), 4, after, hm));
+  std::lock_guard<std::mutex> lk(mu);
+  grad_counted[s] = t;
+  grad_final[s] = 1;
+  cv.notify_all();
+  return Status::OK();
+}
+
+// The step failed with its streaming job posted: the workers take no more
+// shards and the step waits for them to leave the job. If one had written a
+// shard, the in-memory state is part this step's, part the last: the error
+// sticks (every later call, Save included, returns it). Else the state is the
+// last step's, untouched.
+void Trainer::Impl::AbortJob(const Status& why) {
+  std::unique_lock<std::mutex> lk(mu);
+  job_abort = true;
+  cv.notify_all();
+  cv.wait(lk, [&] { return !job.has_value(); });
+  job_abort = false;
+  if (job_writes > 0 && opt_error.ok())
+    opt_error = FailedPrecondition(
+        "step " + std::to_string(step + 1) + " failed after the optimizer had begun updating during the backward (" +
+        std::to_string(job_writes) + " shards hold its update, the others the last step's): the in-memory state " +
+        "is partly updated and cannot be saved; resume from the last checkpoint. The failure: " + why.ToString());
+}
+
+Status Trainer::Impl::NonFiniteError(int64_t job_step, const std::string& what) const {
+  return FailedPrecondition(
+      "non-finite gradients at step " + std::to_string(job_step) + " (" + what +
+      "); with bf16/fp32 (or a static fp16 loss scale) there is no loss scale to lower: lower the learning rate or "
+      "check the data. The optimizer was updating during the backward (" + update_mode +
+      "): shards taken before this was known may hold step " + std::to_string(job_step) +
+      "'s update, so the in-memory state may be partly updated and cannot be saved; resume from the last "
+      "checkpoint");
+}
+
+// Streaming: never update a shard whose own gradient holds a non-finite
+// value (the step's overflow flag comes only at the backward's end; other
+// shards may have been updated by then: NonFiniteError says so). Waiting for
+// the count's copy also means the GPU is done with the shard's gradient and
+// parameters, so no copy or kernel of the update needs ordering on the GPU.
+Status Trainer::Impl::CheckFinite(const Shard& sh, const CopyTicket& counted, int64_t job_step) {
+  RETURN_IF_ERROR(counted.Wait());
+  const int32_t n = nonfinite_host.as<int32_t>()[&sh - shards.data()];
+  if (n == 0) return Status::OK();
+  return NonFiniteError(job_step, std::to_string(n) + " in " + sh.name + ", which was not updated");
+}
+
+// A PCIe copy of the optimizer's workers, counted as the update's (bytes_mu).
+Result<CopyTicket> Trainer::Impl::OptCopy(int64_t job_step, CopyDirection dir, void* dst, const void* src,
+                                          uint64_t bytes, const CopyAfter& after) {
+  std::lock_guard<std::mutex> bl(bytes_mu);
+  Result<CopyTicket> t = store->copy_engine()->Copy(dir, dst, src, bytes, after, HostMemory::kPinned);
+  if (t.ok()) {
+    uint64_t& all = dir == CopyDirection::kHostToDevice ? opt_copied.h2d : opt_copied.d2h;
+    uint64_t& mine = dir == CopyDirection::kHostToDevice ? job_copied[job_step % 2].h2d : job_copied[job_step % 2].d2h;
+    all += bytes;
+    mine += bytes;
+  }
+  return t;
+}
+
 void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
   int64_t seen = 0;
+  const auto& oo = cfg.zero.offload_optimizer;
   for (;;) {
     OptJob j;
     {
@@ -1203,49 +1452,64 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
       seen = job_seq;
     }
     // NVMe state is pipelined (DeepSpeed pipeline_read / pipeline_write):
-    // shard s+1 is read while shard s updates, and shard s-1 is written back
-    // meanwhile (UpdateShard's evictions return at once; without
-    // pipeline_write they are waited for before the next shard). NVMe state
-    // has no GPU-assisted worker, so the CPU worker claims every shard in
-    // order (from gpu_prefix: the shards before it are the step thread's).
-    const auto& oo = cfg.zero.offload_optimizer;
-    auto read_ahead = [&](size_t s) {
-      if (j.skip || s >= shards.size() || shards[s].opt_home != TierKind::kNvme) return;
-      for (TensorId id : {shards[s].w, shards[s].m, shards[s].v}) (void)store->Prefetch(id, TierKind::kHost);
+    // the next shard in claim order is read while one updates, and the one
+    // before is written back meanwhile (UpdateShard's evictions return at
+    // once; without pipeline_write they are waited for before the next
+    // shard). NVMe state has no GPU-assisted worker, so the CPU worker claims
+    // every shard. The first shard's read starts with the job (during the
+    // backward, the wait for its gradient hides it).
+    auto read_ahead = [&](size_t k) {
+      if (gpu_worker || !oo.pipeline_read || j.skip || k >= claim_order.size()) return;
+      const Shard& sh = shards[claim_order[k]];
+      if (sh.opt_home != TierKind::kNvme) return;
+      for (TensorId id : {sh.w, sh.m, sh.v}) (void)store->Prefetch(id, TierKind::kHost);
     };
+    read_ahead(0);
     for (;;) {
-      size_t s;
+      size_t k, s;
       bool ok;
+      CopyTicket counted;
       if (!gpu_worker && assist && opt.assist_takes_all) break;
       {
-        std::lock_guard<std::mutex> lk(mu);
-        if (next_shard >= shards.size()) break;
-        s = next_shard++;
+        std::unique_lock<std::mutex> lk(mu);
+        // A streaming job's shards are claimed once final, in claim order.
+        cv.wait(lk, [&] {
+          return stop || job_abort || next_claim >= claim_order.size() || !j.streaming ||
+                 grad_final[claim_order[next_claim]];
+        });
+        if (stop || job_abort || next_claim >= claim_order.size()) break;
+        k = next_claim++;
+        s = claim_order[k];
         ok = opt_error.ok();
+        counted = grad_counted[s];
       }
-      if (!gpu_worker && oo.pipeline_read) {
-        if (s == gpu_prefix) read_ahead(s);
-        read_ahead(s + 1);
-      }
+      read_ahead(k + 1);
       Status st;
+      bool wrote = false;
       if (!j.skip && ok) {
-        st = gpu_worker ? AssistShard(shards[s], j) : UpdateShard(shards[s], j);
+        if (j.streaming) st = CheckFinite(shards[s], counted, j.step);
+        if (st.ok()) {
+          st = gpu_worker ? AssistShard(shards[s], j) : UpdateShard(shards[s], j);
+          wrote = st.ok();
+        }
         st = st.WithContext(std::string("optimizer step of ") + shards[s].name +
                             (gpu_worker ? " (gpu-assisted)" : ""));
       }
       std::lock_guard<std::mutex> lk(mu);
       if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
       updated[s] = j.step;
+      if (wrote) ++job_writes;
       if (gpu_worker) assist_params += static_cast<uint64_t>(shards[s].numel);
       cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu);
     if (--job_workers == 0) {
-      opt_seconds = Now() - job_t0;
+      const size_t slot = static_cast<size_t>(j.step % 2);
+      job_seconds[slot] = Now() - job_t0;
       // Every offloaded shard is claimed once per job.
       uint64_t total = 0;
       for (size_t i = gpu_prefix; i < shards.size(); ++i) total += static_cast<uint64_t>(shards[i].numel);
-      assist_share = total ? static_cast<double>(assist_params) / static_cast<double>(total) : 0;
+      job_assist_share[slot] = total ? static_cast<double>(assist_params) / static_cast<double>(total) : 0;
       job.reset();
     }
     cv.notify_all();
@@ -1282,7 +1546,8 @@ Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
   // The job's optimizer time spans the prefix too (the workers, when still
   // on the job, set it when they finish, later than now).
   std::lock_guard<std::mutex> lk(mu);
-  if (gpu_prefix > 0 && !job) opt_seconds = std::max(opt_seconds, Now() - job_t0);
+  double& secs = job_seconds[j.step % 2];
+  if (gpu_prefix > 0 && !job) secs = std::max(secs, Now() - job_t0);
   return Status::OK();
 }
 
@@ -1326,10 +1591,8 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
   if (sh.g_home == TierKind::kGpu) {
     // Gradients accumulated on the GPU come down through the staging buffer.
     ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-    ASSIGN_OR_RETURN(CopyTicket t, store->copy_engine()->DeviceToHost(grad_staging.data(), g.data,
-                                                                      n * DTypeSize(grad_dtype), {},
-                                                                      HostMemory::kPinned));
-    Status cs = t.Wait();
+    auto t = OptCopy(j.step, CopyDirection::kDeviceToHost, grad_staging.data(), g.data, n * DTypeSize(grad_dtype));
+    Status cs = t.ok() ? t->Wait() : t.status();
     RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
     RETURN_IF_ERROR(cs);
     grad = grad_staging.data();
@@ -1383,7 +1646,7 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     // the memory after it (Release on the copy stream).
     CopyEngine* ce = store->copy_engine();
     ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
-    auto t = ce->HostToDevice(p.data, pout, n * DTypeSize(dtype), {}, HostMemory::kPinned);
+    auto t = OptCopy(j.step, CopyDirection::kHostToDevice, p.data, pout, n * DTypeSize(dtype));
     Status cs = t.status();
     void* cstream = cuda() ? ce->stream(CopyDirection::kHostToDevice) : nullptr;
     if (cs.ok() && !cuda()) cs = t->Wait();  // the stand-in has no stream to order on
@@ -1439,7 +1702,7 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
     std::vector<CopyTicket> up;
     auto h2d = [&](void* dst, const void* src, uint64_t bytes) {
       if (!st.ok()) return;
-      auto t = ce->HostToDevice(dst, src, bytes, {}, HostMemory::kPinned);
+      auto t = OptCopy(j.step, CopyDirection::kHostToDevice, dst, src, bytes);
       if (t.ok()) up.push_back(*t);
       else st = t.status();
     };
@@ -1469,7 +1732,7 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
     after.stream = s;
     auto d2h = [&](void* dst, const void* src, uint64_t bytes) {
       if (!st.ok()) return;
-      auto t = ce->DeviceToHost(dst, src, bytes, after, HostMemory::kPinned);
+      auto t = OptCopy(j.step, CopyDirection::kDeviceToHost, dst, src, bytes, after);
       if (t.ok()) sl.down.push_back(*t);
       else st = t.status();
     };
@@ -1600,11 +1863,14 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   os << "batch: micro " << cfg.micro_batch << " x accumulation " << cfg.grad_accum << " = " << cfg.train_batch_size
      << " sequences per step\n";
   os << p.Table(gpu, host);
+  os << "optimizer update: " << UpdateModeFor(cfg, p, g.n_layer + 2, options.optimizer_after_backward).why << "\n";
   return os.str();
 }
 
 const Plan& Trainer::plan() const { return impl_->plan; }
-std::string Trainer::PlanTable() const { return impl_->plan.Table(impl_->gpu_budget, impl_->host_budget); }
+std::string Trainer::PlanTable() const {
+  return impl_->plan.Table(impl_->gpu_budget, impl_->host_budget) + "optimizer update: " + impl_->update_mode + "\n";
+}
 int64_t Trainer::step() const { return impl_->step; }
 
 TrainerInfo Trainer::Info() const {
@@ -1633,6 +1899,8 @@ TrainerInfo Trainer::Info() const {
       ++t.optimizer_gpu_shards;
       t.optimizer_gpu_params += static_cast<uint64_t>(sh.numel);
     }
+  t.optimizer_during_backward = I.streaming;
+  t.optimizer_update = I.update_mode;
   if (I.cuda()) {
     auto info = QueryGpu(0);
     if (info.ok()) t.device_in_use = info->total_bytes - info->free_bytes;
@@ -1651,20 +1919,30 @@ Result<StepReport> Trainer::Step() {
 
 Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targets) {
   Impl& I = *impl_;
-  {
-    std::lock_guard<std::mutex> lk(I.mu);
-    RETURN_IF_ERROR(I.opt_error);
+  Result<StepReport> r = I.RunStep(tokens, targets);
+  if (I.job_in_backward) {
+    // Failed with its streaming job posted.
+    I.job_in_backward = false;
+    I.AbortJob(r.status());
   }
-  if (!I.prefetcher->at_cycle_start())
+  return r;
+}
+
+Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* targets) {
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    RETURN_IF_ERROR(opt_error);
+  }
+  if (!prefetcher->at_cycle_start())
     return FailedPrecondition("a previous step of this trainer failed midway (at " +
-                              I.prefetcher->schedule().EventString(I.prefetcher->tick()) +
+                              prefetcher->schedule().EventString(prefetcher->tick()) +
                               "); create the trainer again (from the last checkpoint)");
   StepReport r;
   double t0 = Now();
   // Inputs for all micro-batches, checked: a token outside the vocabulary
   // would index past the embedding.
-  const size_t n = I.tok_host.size();
-  const int32_t V = static_cast<int32_t>(I.gcfg.vocab_size);
+  const size_t n = tok_host.size();
+  const int32_t V = static_cast<int32_t>(gcfg.vocab_size);
   int64_t valid = 0;
   for (size_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= V)
@@ -1675,119 +1953,148 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
                              " is outside the vocabulary [0, " + std::to_string(V) + ") (negative targets are ignored)");
     valid += targets[i] >= 0;
   }
-  if (tokens != I.tok_host.data()) std::copy(tokens, tokens + n, I.tok_host.begin());
-  if (targets != I.tgt_host.data()) std::copy(targets, targets + n, I.tgt_host.begin());
-  RETURN_IF_ERROR(I.backend->CopyToDevice(I.tokens_dev.data(), I.tok_host.data(), I.tok_host.size() * 4));
-  RETURN_IF_ERROR(I.backend->CopyToDevice(I.targets_dev.data(), I.tgt_host.data(), I.tgt_host.size() * 4));
-  RETURN_IF_ERROR(I.backend->Memset(I.stats_dev.data(), 0, 128));
-  RETURN_IF_ERROR(I.prefetcher->Poll());  // parameters updated meanwhile start up
-  const double scale = I.scaler->scale();
+  if (tokens != tok_host.data()) std::copy(tokens, tokens + n, tok_host.begin());
+  if (targets != tgt_host.data()) std::copy(targets, targets + n, tgt_host.begin());
+  RETURN_IF_ERROR(backend->CopyToDevice(tokens_dev.data(), tok_host.data(), tok_host.size() * 4));
+  RETURN_IF_ERROR(backend->CopyToDevice(targets_dev.data(), tgt_host.data(), tgt_host.size() * 4));
+  RETURN_IF_ERROR(backend->Memset(stats_dev.data(), 0, StatsBytes()));
+  RETURN_IF_ERROR(prefetcher->Poll());  // parameters updated meanwhile start up
+  const double scale = scaler->scale();
+  const int64_t next = step + 1;  // the optimizer step this one takes
+  const optim::LrValue lr = schedule->ForStep(next);
+  r.lr = lr.lr;
 
   double wait = 0;
   const double dloss = scale / static_cast<double>(std::max<int64_t>(valid, 1));
   double fwd_s = 0;
   // Layer-major: one pass over the layers with every micro-batch; micro-
   // batch-major: one pass per micro-batch (forward, head, backward).
-  const int64_t per = I.layer_major ? I.A : 1;
-  for (int64_t a0 = 0; a0 < I.A; a0 += per) {
+  const int64_t per = layer_major ? A : 1;
+  OptJob job_now;  // the job this step posts
+  for (int64_t a0 = 0; a0 < A; a0 += per) {
     double f0 = a0 == 0 ? t0 : Now();  // the first forward counts the step's input checks and copies
-    RETURN_IF_ERROR(I.Forward(a0, a0 + per, &wait));
-    if (I.cfg.wall_clock_breakdown) RETURN_IF_ERROR(I.backend->Synchronize());
+    RETURN_IF_ERROR(Forward(a0, a0 + per, &wait));
+    if (cfg.wall_clock_breakdown) RETURN_IF_ERROR(backend->Synchronize());
     fwd_s += Now() - f0;
-    RETURN_IF_ERROR(I.Head(a0, a0 + per, dloss));
-    RETURN_IF_ERROR(I.Backward(a0, a0 + per, &wait));
+    if (streaming && a0 + per >= A) {
+      // The update runs during the backward's last pass, each shard as its
+      // gradient is final, with the multiplier it would have after it: no
+      // clipping, a static scale (UpdateModeFor).
+      job_now = MakeJob(next, lr, optim::GradMultiplier(scale, 1.0), true);
+      RETURN_IF_ERROR(PostJob(job_now));
+      job_in_backward = true;
+    }
+    RETURN_IF_ERROR(Head(a0, a0 + per, dloss));
+    RETURN_IF_ERROR(Backward(a0, a0 + per, &wait));
   }
-  RETURN_IF_ERROR(I.backend->Synchronize());
+  RETURN_IF_ERROR(backend->Synchronize());
   // The gradients' write-backs: the optimizer needs them first thing, and the
   // step's bytes are all counted before it starts.
-  RETURN_IF_ERROR(I.prefetcher->WaitEvictions());
+  RETURN_IF_ERROR(prefetcher->WaitEvictions());
+  if (job_in_backward) {
+    // Every shard's non-finite count has come down (the workers may not
+    // have asked for the last ones yet) before the next step's statistics
+    // overwrite stats_dev.
+    std::vector<CopyTicket> counts;
+    {
+      std::lock_guard<std::mutex> lk(mu);
+      counts = grad_counted;
+    }
+    for (const CopyTicket& c : counts) RETURN_IF_ERROR(c.Wait());
+  }
   double t2 = Now();
-  const Impl::LinkBytes moved = I.Bytes();
+  // The links' counters and the optimizer's own copies, read together (bytes_mu).
+  LinkBytes moved, opt_now, prev_job;
+  {
+    std::lock_guard<std::mutex> bl(bytes_mu);
+    moved = Bytes();
+    opt_now = opt_copied;
+    prev_job = job_copied[(next - 1) % 2];  // complete: the forward waited for all its shards
+  }
 
   // Loss and gradient statistics.
-  RETURN_IF_ERROR(I.backend->CopyToHost(I.loss_host.data(), I.losses_dev.data(), I.loss_host.size() * 4));
+  RETURN_IF_ERROR(backend->CopyToHost(loss_host.data(), losses_dev.data(), loss_host.size() * 4));
   double total = 0;
-  for (size_t i = 0; i < I.loss_host.size(); ++i)
-    if (I.tgt_host[i] >= 0) total += I.loss_host[i];
+  for (size_t i = 0; i < loss_host.size(); ++i)
+    if (tgt_host[i] >= 0) total += loss_host[i];
   r.loss = total / static_cast<double>(std::max<int64_t>(valid, 1));
   float sumsq = 0;
-  int32_t nonfinite = 0;
-  RETURN_IF_ERROR(I.backend->CopyToHost(&sumsq, I.stats_dev.data(), 4));
-  RETURN_IF_ERROR(I.backend->CopyToHost(&nonfinite, I.stats_dev.as<char>() + 64, 4));
+  std::vector<int32_t> nonfinite(shards.size(), 0);
+  RETURN_IF_ERROR(backend->CopyToHost(&sumsq, stats_dev.data(), 4));
+  RETURN_IF_ERROR(backend->CopyToHost(nonfinite.data(), NonfiniteDev(0), nonfinite.size() * 4));
   optim::GradStats gs;
   gs.sum_sq = sumsq;
-  gs.nonfinite = static_cast<uint64_t>(nonfinite);
+  for (int32_t c : nonfinite) gs.nonfinite += static_cast<uint64_t>(c);
   const bool overflow = gs.overflow() || !std::isfinite(sumsq);
   r.grad_norm = optim::GlobalGradNorm(gs, scale);
   r.loss_scale = scale;
 
-  Impl::OptJob job;
-  job.step = I.step + 1;
-  optim::LrValue lr = I.schedule->ForStep(job.step);
-  r.lr = lr.lr;
-  if (overflow && I.scaler->dynamic()) {
-    job.skip = true;
-    r.skipped = true;
-  } else if (overflow) {
-    return FailedPrecondition("non-finite gradients at step " + std::to_string(job.step) +
-                              " (loss " + std::to_string(r.loss) +
-                              "); with bf16/fp32 there is no loss scale to lower: lower the learning rate or "
-                              "check the data");
+  if (job_in_backward) {
+    if (overflow) {
+      // Some shards may hold this step's update already (never one whose own
+      // gradient is non-finite: CheckFinite). Which ones is settled once the
+      // workers have left the job; the error then sticks.
+      Status e = NonFiniteError(next, "loss " + std::to_string(r.loss));
+      std::unique_lock<std::mutex> lk(mu);
+      cv.wait(lk, [&] { return !job.has_value(); });
+      if (opt_error.ok()) opt_error = e;
+      job_in_backward = false;
+      return e;
+    }
+    RETURN_IF_ERROR(scaler->Update(false));
+    step = next;
+    job_in_backward = false;
   } else {
-    double clip = optim::ClipCoefficient(r.grad_norm, I.cfg.gradient_clipping);
-    job.grad_multiplier = optim::GradMultiplier(scale, clip);
-    job.hyper.lr = lr.lr;
-    job.hyper.beta1 = lr.beta1.value_or(I.cfg.optimizer.beta1);
-    job.hyper.beta2 = lr.beta2.value_or(I.cfg.optimizer.beta2);
-    job.hyper.eps = I.cfg.optimizer.eps;
-    job.hyper.weight_decay = I.cfg.optimizer.weight_decay;
-    job.hyper.decay_mode = I.cfg.optimizer.adam_w_mode ? optim::WeightDecayMode::kDecoupled : optim::WeightDecayMode::kL2;
-    job.hyper.bias_correction = I.cfg.optimizer.bias_correction;
-    job.hyper.step = job.step;
+    if (overflow && scaler->dynamic()) {
+      job_now.step = next;
+      job_now.skip = true;
+      r.skipped = true;
+    } else if (overflow) {
+      return FailedPrecondition("non-finite gradients at step " + std::to_string(next) + " (loss " +
+                                std::to_string(r.loss) +
+                                "); with bf16/fp32 there is no loss scale to lower: lower the learning rate or "
+                                "check the data");
+    } else {
+      const double clip = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
+      job_now = MakeJob(next, lr, optim::GradMultiplier(scale, clip), false);
+    }
+    RETURN_IF_ERROR(scaler->Update(overflow));
+    RETURN_IF_ERROR(PostJob(job_now));
+    step = next;
   }
-  RETURN_IF_ERROR(I.scaler->Update(overflow));
-  {
-    // The previous job is over for every worker (its shards are all updated
-    // — the forward waited for them — but a worker may still be on its way
-    // out): a job is never replaced under a worker that has not finished it.
-    std::unique_lock<std::mutex> lk(I.mu);
-    I.cv.wait(lk, [&] { return !I.job.has_value(); });
-    I.job = job;
-    ++I.job_seq;
-    I.next_shard = I.gpu_prefix;  // the shards before it are updated below
-    I.job_workers = I.assist ? 2 : 1;
-    I.job_t0 = Now();
-    I.assist_params = 0;
-    I.cv.notify_all();
-  }
-  I.step = job.step;
-  RETURN_IF_ERROR(I.UpdateGpuPrefix(job));
+  RETURN_IF_ERROR(UpdateGpuPrefix(job_now));
+  // Parameters the update has written already start up now (counted in the
+  // next step, as they are used there).
+  if (streaming) RETURN_IF_ERROR(prefetcher->Poll());
 
-  r.step = I.step;
-  r.tokens = I.A * I.B * I.T;
+  r.step = step;
+  r.tokens = A * B * T;
   r.seconds = t2 - t0;
   r.forward_s = fwd_s;
   r.backward_s = t2 - t0 - fwd_s;  // head and backward (and, micro-batch-major, everything but the forwards)
   r.wait_s = wait;
   {
-    std::lock_guard<std::mutex> lk(I.mu);
-    r.optimizer_s = I.opt_seconds;  // the previous step's update (it overlaps this forward)
-    r.optimizer_gpu_share = I.assist ? I.assist_share : 0;
+    std::lock_guard<std::mutex> lk(mu);
+    const size_t prev = static_cast<size_t>((next - 1) % 2);  // the previous step's update (it overlaps this forward)
+    r.optimizer_s = job_seconds[prev];
+    r.optimizer_gpu_share = assist ? job_assist_share[prev] : 0;
   }
   // What moved since the last step, less what Evaluate/Save moved: this
-  // step's transfers and the previous step's update (which overlapped this
-  // forward). NVMe write-behind still running now counts in the next step.
-  Impl::LinkBytes& last = I.last_bytes;
-  Impl::LinkBytes& ex = I.excluded_bytes;
-  r.h2d = moved.h2d - last.h2d - ex.h2d;
-  r.d2h = moved.d2h - last.d2h - ex.d2h;
+  // step's own transfers, and the previous step's update (whose copies may
+  // fall before, in or after this step: OptCopy counts them apart). NVMe
+  // traffic still running now counts in the next step.
+  LinkBytes& last = last_bytes;
+  LinkBytes& ex = excluded_bytes;
+  r.h2d = moved.h2d - last.h2d - ex.h2d - (opt_now.h2d - last_opt_copied.h2d) + prev_job.h2d;
+  r.d2h = moved.d2h - last.d2h - ex.d2h - (opt_now.d2h - last_opt_copied.d2h) + prev_job.d2h;
   r.nvme_read = moved.nvme_read - last.nvme_read - ex.nvme_read;
   r.nvme_write = moved.nvme_write - last.nvme_write - ex.nvme_write;
   last = moved;
-  ex = Impl::LinkBytes{};
-  double flops = ModelFlopsPerToken(I.gcfg, I.T) * static_cast<double>(r.tokens);
+  last_opt_copied = opt_now;
+  ex = LinkBytes{};
+  double flops = ModelFlopsPerToken(gcfg, T) * static_cast<double>(r.tokens);
   r.tflops = flops / std::max(r.seconds, 1e-9) / 1e12;
-  r.mfu = I.peak_flops > 0 ? flops / std::max(r.seconds, 1e-9) / I.peak_flops : 0;
+  r.mfu = peak_flops > 0 ? flops / std::max(r.seconds, 1e-9) / peak_flops : 0;
   return r;
 }
 
@@ -1822,7 +2129,11 @@ Status Trainer::Save(const std::string& dir) {
 
 Result<std::vector<float>> Trainer::Parameter(const std::string& hf_name) {
   Impl& I = *impl_;
-  RETURN_IF_ERROR(I.WaitAllUpdated());
+  if (!I.WaitAllUpdated().ok()) {
+    // Failed (sticky): the state as the workers leave it.
+    std::unique_lock<std::mutex> lk(I.mu);
+    I.cv.wait(lk, [&] { return !I.job.has_value(); });
+  }
   for (const auto& t : kernels::HfTensors(I.gcfg)) {
     if (t.name != hf_name) continue;
     size_t si = t.buffer == GptBuffer::kEmbedding ? 0

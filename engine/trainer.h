@@ -19,6 +19,17 @@
 //             each shard is marked ready: the next step's forward of block l
 //             waits for block l only, so the update overlaps the next
 //             forward and no stale weight is ever used.
+//             When nothing waits on the global gradient norm (no gradient
+//             clipping and no dynamic loss scale: bf16, fp32, or fp16 with a
+//             static scale) the same exact update runs *during* the backward
+//             instead: the job is posted before the backward's last pass and
+//             the host-state shards are updated in the backward's order (ln_f,
+//             the last block ... block 0, the embedding last: it is tied to
+//             the head) as soon as each one's gradient is final and home.
+//             The GPU-state prefix of offload_optimizer.ratio < 1 is still
+//             updated right after the backward. The plan table and the log
+//             say which mode runs and why (TrainerInfo::optimizer_update);
+//             TrainOptions::optimizer_after_backward forces the first.
 //
 // Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
 // checkpoints) lives in one TierStore with its home tier from the plan
@@ -65,6 +76,19 @@ struct TrainOptions {
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
   uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
   bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one
+  // Update the optimizer state after the backward even when it could run
+  // during it (no clipping, no dynamic loss scale): the mode of a run with
+  // gradient clipping. Both give the same bits; the post-backward mode adds
+  // the update's time after the backward, but a step that meets a non-finite
+  // gradient (bf16/fp32: an error) then leaves the state untouched, where
+  // during the backward the shards taken before it may already be updated
+  // (the error says so; the last checkpoint is the one to resume from).
+  bool optimizer_after_backward = false;
+  // Tests: a NaN is put into shard `inject_nonfinite_shard`'s gradient
+  // ("emb", "blk<l>", "lnf") as it is finished in optimizer step
+  // `inject_nonfinite_step` (1-based).
+  std::string inject_nonfinite_shard;
+  int64_t inject_nonfinite_step = 0;
 };
 
 struct StepReport {
@@ -76,6 +100,9 @@ struct StepReport {
   bool skipped = false;        // fp16 overflow: no update
   int64_t tokens = 0;
   double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
+  // optimizer_s: the previous step's update, from its job's posting (after
+  // the backward, or before the backward's last pass when the update runs
+  // during it) to its last shard.
   double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
   // Of optimizer_s's parameters (the offloaded shards': not the GPU-state
   // prefix of offload_optimizer.ratio < 1, which the step's thread updates),
@@ -83,6 +110,11 @@ struct StepReport {
   double optimizer_gpu_share = 0;
   // Bytes moved since the last step (the previous step's optimizer update,
   // which overlaps this step's forward, included; Evaluate's and Save's not).
+  // Whichever the update mode, the optimizer's own PCIe copies count with
+  // the update they belong to (the previous step's), wherever they fall in
+  // time. The NVMe bytes are the links' counts between the ends of two
+  // steps: an update running across a step's end (its write-behind, or
+  // during the backward its state reads) splits between two reports.
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
   double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
 };
@@ -111,6 +143,11 @@ struct TrainerInfo {
   // or none; and their parameters.
   int64_t optimizer_gpu_shards = 0;
   uint64_t optimizer_gpu_params = 0;
+  // When the offloaded optimizer state is updated, and why: "during backward
+  // (no clipping, bf16)", "after backward (gradient_clipping 1.0 needs the
+  // global norm)", ... (trainer.h's header comment, "optimizer").
+  bool optimizer_during_backward = false;
+  std::string optimizer_update;
 };
 
 class Trainer {
@@ -145,6 +182,8 @@ class Trainer {
   int64_t step() const;
   TrainerInfo Info() const;
   // A parameter (fp32 master weights) by its Hugging Face name, for tests.
+  // Once the optimizer has failed (a sticky error) it returns the in-memory
+  // state as the workers left it, which may be partly updated.
   Result<std::vector<float>> Parameter(const std::string& hf_name);
 
  private:
