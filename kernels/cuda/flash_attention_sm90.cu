@@ -57,14 +57,6 @@ __device__ __forceinline__ void LoadSwizzled(unsigned char* s, const T* g, int r
   }
 }
 
-template <int kK>
-__device__ __forceinline__ void FenceFragments(uint32_t (&p)[kK][4]) {
-#pragma unroll
-  for (int i = 0; i < kK; ++i)
-#pragma unroll
-    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(p[i][e])::"memory");
-}
-
 // grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
 // Needs scale_log2 > 0 (the FMA form keeps the running max in raw units).
 template <typename T, int kD>
@@ -185,7 +177,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     next_tiles(j);
     float alpha[2];
     FenceAccumulator(o);
-    FenceFragments(p);
+    FenceAccumulator(p);
     WgmmaFence();
     issue_s(j);
     issue_pv(j - 1);
@@ -201,7 +193,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // The last product.
   next_tiles(n_kv);
   FenceAccumulator(o);
-  FenceFragments(p);
+  FenceAccumulator(p);
   WgmmaFence();
   issue_pv(n_kv - 1);
   WgmmaWait<0>();

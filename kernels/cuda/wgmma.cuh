@@ -46,14 +46,22 @@ __device__ __forceinline__ void WgmmaWait() {
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// Pins the accumulator registers at this point of the program: reads after
-// it are not hoisted above it, writes before it are not sunk below it.
+// Pins registers a wgmma reads or writes (accumulators, or a register A
+// operand) at this point of the program: reads after it are not hoisted
+// above it, writes before it are not sunk below it.
 template <int kN>
 __device__ __forceinline__ void FenceAccumulator(float (&d)[kN][4]) {
 #pragma unroll
   for (int i = 0; i < kN; ++i)
 #pragma unroll
     for (int e = 0; e < 4; ++e) asm volatile("" : "+f"(d[i][e])::"memory");
+}
+template <int kN>
+__device__ __forceinline__ void FenceAccumulator(uint32_t (&a)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) asm volatile("" : "+r"(a[i][e])::"memory");
 }
 
 // Byte offset of 16-byte chunk `chunk` (0..7) of row `row` in a 128-byte

@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "engine/config.h"
 #include "engine/trainer.h"
@@ -27,6 +29,18 @@ inline TrainOptions TinyTrainer(int64_t n_layer, int64_t n_embd = 64, int64_t se
   c.steps_per_print = 1000;
   c.data.path = SourcePath("data/kjv.txt");
   return o;
+}
+
+// The named parameters of `t` (Trainer::Parameter), in order; an error fails
+// the calling test (ADD_FAILURE) and leaves that entry empty.
+inline std::vector<std::vector<float>> Parameters(Trainer& t, const std::vector<std::string>& names) {
+  std::vector<std::vector<float>> out;
+  for (const std::string& n : names) {
+    auto p = t.Parameter(n);
+    if (!p.ok()) ADD_FAILURE() << "Parameter(" << n << "): " << p.status().ToString();
+    out.push_back(p.ok() ? std::move(p).value() : std::vector<float>{});
+  }
+  return out;
 }
 
 }  // namespace strata::testing

@@ -19,6 +19,7 @@
 namespace strata {
 namespace {
 
+using ::strata::testing::Parameters;
 using ::strata::testing::StatusIs;
 using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
@@ -146,18 +147,11 @@ TEST(TrainerInBackwardGpu, NonFiniteGradientIsNeverApplied) {
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
   ASSERT_TRUE(t->Info().optimizer_during_backward);
   ASSERT_OK(t->Step().status());
-  std::vector<std::vector<float>> before, now;
-  for (const std::string& n : names) {
-    ASSERT_OK_AND_ASSIGN(std::vector<float> p, t->Parameter(n));
-    before.push_back(p);
-  }
+  const std::vector<std::vector<float>> before = Parameters(*t, names);
   auto r = t->Step();
   EXPECT_THAT(r, StatusIs(StatusCode::kFailedPrecondition));
   EXPECT_THAT(r.status().ToString(), HasSubstr("non-finite gradients at step 2"));
-  for (const std::string& n : names) {
-    ASSERT_OK_AND_ASSIGN(std::vector<float> p, t->Parameter(n));
-    now.push_back(p);
-  }
+  const std::vector<std::vector<float>> now = Parameters(*t, names);
   EXPECT_NE(now[0], before[0]);
   EXPECT_NE(now[1], before[1]);
   EXPECT_EQ(now[2], before[2]) << "block 1 (the NaN) was updated";

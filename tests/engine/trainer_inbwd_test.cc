@@ -22,6 +22,7 @@
 namespace strata {
 namespace {
 
+using ::strata::testing::Parameters;
 using ::strata::testing::StatusIs;
 using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
@@ -356,19 +357,11 @@ TEST(TrainerInBackward, NonFiniteGradientIsNeverApplied) {
     ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
     ASSERT_EQ(t->Info().optimizer_during_backward, during);
     ASSERT_OK(t->Step().status());
-    std::vector<std::vector<float>> before;
-    for (const std::string& n : names) {
-      ASSERT_OK_AND_ASSIGN(std::vector<float> p, t->Parameter(n));
-      before.push_back(p);
-    }
+    const std::vector<std::vector<float>> before = Parameters(*t, names);
     auto r = t->Step();
     EXPECT_THAT(r, StatusIs(StatusCode::kFailedPrecondition));
     EXPECT_THAT(r.status().ToString(), HasSubstr("non-finite gradients at step 2"));
-    std::vector<std::vector<float>> now;
-    for (const std::string& n : names) {
-      ASSERT_OK_AND_ASSIGN(std::vector<float> p, t->Parameter(n));
-      now.push_back(p);
-    }
+    const std::vector<std::vector<float>> now = Parameters(*t, names);
     EXPECT_EQ(now[2], before[2]) << "block 0 (the non-finite gradient) was updated";
     EXPECT_EQ(now[3], before[3]) << "the embedding (after block 0) was updated";
     TempDir ck;
