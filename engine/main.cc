@@ -46,7 +46,7 @@ int Train(int argc, char** argv) {
   std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
-  bool dry_run = false;
+  bool dry_run = false, after_backward = false;
   po::options_description desc("strata train options");
   desc.add_options()("help,h", "show this help")(
       "config", po::value(&config_path)->value_name("FILE"),
@@ -63,6 +63,9 @@ int Train(int argc, char** argv) {
       "host-memory-limit", po::value(&host_limit)->value_name("SIZE"),
       "pinned host memory strata may use (default: 80% of the available memory)")(
       "dry-run", po::bool_switch(&dry_run), "print the placement plan and exit")(
+      "optimizer-after-backward", po::bool_switch(&after_backward),
+      "update the offloaded optimizer state after the backward even without gradient clipping (same bits; "
+      "a non-finite gradient then leaves the state untouched)")(
       "log-json", po::value(&log_json)->value_name("FILE"), "also append one JSON line per logged step to FILE")(
       "backend", po::value(&backend)->value_name("NAME"), "auto, cpu or cuda")(
       "threads", po::value(&threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)");
@@ -99,6 +102,7 @@ int Train(int argc, char** argv) {
   o.log_json = log_json;
   o.backend = backend;
   o.cpu_threads = threads;
+  o.optimizer_after_backward = after_backward;
   o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
   if (steps == 0) return Fail(strata::InvalidArgument("--steps must be at least 1"));
   if (save_every < 0) return Fail(strata::InvalidArgument("--save-every must not be negative"));

@@ -167,7 +167,7 @@ UpdateMode UpdateModeFor(const Config& c, const Plan& p, int64_t n_shards, bool 
   };
   if (p.optimizer == TierKind::kGpu || p.optimizer_gpu_shards >= n_shards)
     return {false, "after backward (the optimizer state is on the GPU)"};
-  if (forced_after) return {false, "after backward (TrainOptions::optimizer_after_backward)"};
+  if (forced_after) return {false, "after backward (asked for: --optimizer-after-backward)"};
   if (c.gradient_clipping > 0)
     return {false, "after backward (gradient_clipping " + num(c.gradient_clipping) + " needs the global norm)"};
   if (c.fp16.enabled && c.fp16.loss_scale == 0)

@@ -174,7 +174,7 @@ void ExpectStreamingMatches(const Case& k) {
   ASSERT_EQ(p.reports.size(), 3u) << p.plan;
   EXPECT_TRUE(s.info.optimizer_during_backward) << s.info.optimizer_update;
   EXPECT_FALSE(p.info.optimizer_during_backward);
-  EXPECT_THAT(p.info.optimizer_update, HasSubstr("after backward (TrainOptions::optimizer_after_backward)"));
+  EXPECT_THAT(p.info.optimizer_update, HasSubstr("after backward (asked for: --optimizer-after-backward)"));
   if (k.ratio == 1) {
     EXPECT_EQ(s.grads_on_host, k.placement != Placement::kHost) << s.plan;
   }
@@ -311,7 +311,7 @@ TEST(TrainerInBackward, TheModeAndItsReason) {
        },
        false, "optimizer update: after backward (fp16's dynamic loss scale skips the step on overflow)"},
       {"forced", [](TrainOptions& o) { o.optimizer_after_backward = true; }, false,
-       "optimizer update: after backward (TrainOptions::optimizer_after_backward)"},
+       "optimizer update: after backward (asked for: --optimizer-after-backward)"},
       {"state on the GPU", [](TrainOptions& o) { o.config.zero.offload_optimizer.device = "none"; }, false,
        "optimizer update: after backward (the optimizer state is on the GPU)"},
   };
