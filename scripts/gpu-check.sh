@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and check strata on a GPU machine in one go; logs land in $OUT (or
 # ./gpu-check-out). Stages are chosen by name:
-#   scripts/gpu-check.sh build tests adam nvme pcie store kernels train
+#   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads
 # `build` builds everything (or only TARGETS="a b" when set). Each stage has
 # its own timeout so one hang does not cost the rest.
 set -uo pipefail
@@ -47,6 +47,14 @@ for stage in "$@"; do
     w13nvme) mkdir -p /var/tmp/strata-nvme
              run gpt-1.3b-nvme 120 "$BUILD/bin/strata" train --config configs/gpt-1.3b-nvme.json \
               --host-memory-limit 8GiB --steps ${STEPSNVME:-2} --log-json "$LOGS/gpt-1.3b-nvme.jsonl" ;;
+    workloads)  # strata-bench's three offload workloads, with clipping 1.0 and without (CLIPS="1 0")
+      mkdir -p /var/tmp/strata-nvme
+      for w in ${WORKLOADS:-gpt-1.3b-offload gpt-1.3b-nvme gpt-6.7b}; do
+        for c in ${CLIPS:-1 0}; do
+          run "bench-$w-clip$c" 420 "$BUILD/bin/strata-bench" train --workload "$w" --clip "$c" \
+            ${WORKLOAD_ARGS:-} --json "$LOGS/$w-clip$c.json"
+        done
+      done ;;
     *) log "unknown stage $stage" ;;
   esac
 done
