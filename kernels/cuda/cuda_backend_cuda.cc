@@ -193,7 +193,7 @@ class CudaBackend final : public Backend {
         RETURN_IF_ERROR(CheckPtr(op, n, p));
     }
     OpScope scope(this, "layernorm_bwd");
-    return cuda::LayerNormBackward(stream_, sms_, a, dx, dweight, dbias, grad_dtype, accumulate,
+    return cuda::LayerNormBackward(stream_, info_.sm_count, a, dx, dweight, dbias, grad_dtype, accumulate,
                                    dy, x, weight, mean, rstd, static_cast<float*>(scratch_),
                                    kScratchBytes);
   }
@@ -223,7 +223,7 @@ class CudaBackend final : public Backend {
     if (n > 0) RETURN_IF_ERROR(CheckPtr(op, "dbias", dbias));
     if (m > 0 && n > 0) RETURN_IF_ERROR(CheckPtr(op, "dy", dy));
     OpScope scope(this, "bias_bwd");
-    return cuda::BiasBackward(stream_, sms_, dbias, grad_dtype, accumulate, dy, m, n, dtype,
+    return cuda::BiasBackward(stream_, info_.sm_count, dbias, grad_dtype, accumulate, dy, m, n, dtype,
                               static_cast<float*>(scratch_), kScratchBytes);
   }
 
@@ -404,7 +404,7 @@ class CudaBackend final : public Backend {
 
  private:
   CudaBackend(const CudaBackendOptions& opts, const GpuInfo& info)
-      : opts_(opts), info_(info), sms_(info.sm_count), cc_major_(info.cc_major),
+      : opts_(opts), info_(info),
         name_("cuda:" + std::to_string(opts.device) + " " + info.name) {}
 
   // Brackets one op with events while timing is on.
@@ -494,11 +494,11 @@ class CudaBackend final : public Backend {
                              " must be > 0");
     RETURN_IF_ERROR(CheckIntRange(op, "seq", s.seq));
     RETURN_IF_ERROR(CheckIntRange(op, "heads * head_dim", s.heads * s.head_dim));
-    if (opts_.attention == AttentionImpl::kFlash && !cuda::FlashAttentionSupports(s, cc_major_))
+    if (opts_.attention == AttentionImpl::kFlash && !cuda::FlashAttentionSupports(s, info_.cc_major))
       return InvalidArgument(std::string(op) +
                              ": the flash kernels need f16/bf16, head_dim % 8 == 0 and <= 128, "
                              "sm_80+ (got " + std::string(DTypeName(s.dtype)) + ", head_dim " +
-                             std::to_string(s.head_dim) + ", sm_" + std::to_string(cc_major_) + "x)");
+                             std::to_string(s.head_dim) + ", sm_" + std::to_string(info_.cc_major) + "x)");
     return Status::OK();
   }
 
@@ -512,7 +512,7 @@ class CudaBackend final : public Backend {
   }
 
   bool UseFlash(const AttentionShape& s) const {
-    return opts_.attention != AttentionImpl::kSimple && cuda::FlashAttentionSupports(s, cc_major_);
+    return opts_.attention != AttentionImpl::kSimple && cuda::FlashAttentionSupports(s, info_.cc_major);
   }
   static float AttnScale(const AttentionShape& s) {
     return s.scale != 0.f ? s.scale : 1.f / std::sqrt(static_cast<float>(s.head_dim));
@@ -527,7 +527,6 @@ class CudaBackend final : public Backend {
   CudaBackendOptions opts_;
   GpuInfo info_;
   const FlashVariant* flash_ = &kFlashVariants[0];  // never null; set by Make
-  int sms_ = 0, cc_major_ = 0;
   std::string name_;
   cudaStream_t stream_ = nullptr;
   std::unique_ptr<GemmRunner> gemm_;

@@ -118,8 +118,10 @@ class GemmRunner {
   Result<Plan*> GetPlan(const GemmArgs& g, int epi, int bias_type);
   // C_in -> C for each batch item (when the algorithm cannot read C_in itself).
   Status CopyCIn(const GemmArgs& g);
+  // One cublasLtMatmul of g with `algo` (c_read: the C it reads).
+  Status Matmul(const Plan& plan, const GemmArgs& g, const void* c_read, const cublasLtMatmulAlgo_t& algo);
   // Tuning at the plan's first call (GemmOptions::tune); c_read is the C the
-  // call reads. Leaves C as it found it.
+  // call reads. Leaves C as it found it, on success and on error.
   Status Tune(Plan* plan, const GemmArgs& g, const void* c_read, const std::string& name);
 
   cudaStream_t stream_;

@@ -242,6 +242,13 @@ Result<GemmRunner::Plan*> GemmRunner::GetPlan(const GemmArgs& g, int epi, int bi
   return p;
 }
 
+Status GemmRunner::Matmul(const Plan& plan, const GemmArgs& g, const void* c_read,
+                          const cublasLtMatmulAlgo_t& algo) {
+  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan.desc, &g.alpha, g.b, plan.a, g.a, plan.b, &g.beta, c_read,
+                                        plan.c, g.c, plan.c, &algo, workspace_, opts_.workspace_bytes, stream_));
+  return Status::OK();
+}
+
 // Why the choice never changes the numbers: only candidates whose output on
 // this call's operands is bitwise the heuristic choice's are eligible. The
 // candidates differ in tile shapes and schedules; those that keep each output
@@ -255,16 +262,11 @@ Status GemmRunner::Tune(Plan* plan, const GemmArgs& g, const void* c_read, const
   const size_t bytes = static_cast<size_t>(g.m) * static_cast<size_t>(g.ldc) * DTypeSize(g.c_dtype);
   // Every trial overwrites D; with beta != 0 and C read in place D is also an
   // input: it is saved to the host (no GPU memory beyond the plan's) and put
-  // back before each compared trial and at the end. The timed repetitions
-  // accumulate into it (their values do not matter, only their time).
+  // back before each compared trial and at the end, an error's end included.
+  // The timed repetitions accumulate into it (their values do not matter,
+  // only their time).
   const bool restore = g.beta != 0.f && c_read == g.c;
   std::vector<char> saved(restore ? bytes : 0), ref(bytes), out(bytes);
-  auto run = [&](const cublasLtMatmulAlgo_t& algo) -> Status {
-    CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &g.alpha, g.b, plan->a, g.a, plan->b, &g.beta,
-                                          c_read, plan->c, g.c, plan->c, &algo, workspace_,
-                                          opts_.workspace_bytes, stream_));
-    return Status::OK();
-  };
   auto put_back = [&]() -> Status {
     if (restore) CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(g.c, saved.data(), bytes, cudaMemcpyHostToDevice, stream_));
     return Status::OK();
@@ -274,50 +276,56 @@ Status GemmRunner::Tune(Plan* plan, const GemmArgs& g, const void* c_read, const
     CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   }
   cudaEvent_t t0 = nullptr, t1 = nullptr;
-  CUDA_RETURN_IF_ERROR(cudaEventCreate(&t0));
-  const cudaError_t made = cudaEventCreate(&t1);
-  Status st = made == cudaSuccess ? Status::OK() : CudaStatus(made, "cudaEventCreate(&t1)", __FILE__, __LINE__);
   std::string log = "gemm tune " + name + ":";
   size_t best = 0;
   float best_ms = 0;
-  if (st.ok()) st = [&]() -> Status {
-    for (size_t i = 0; i < plan->candidates.size(); ++i) {
-      const cublasLtMatmulAlgo_t& algo = plan->candidates[i];
-      RETURN_IF_ERROR(put_back());
-      if (Status r = run(algo); !r.ok()) {  // a candidate cuBLASLt then refuses is skipped
-        if (i == 0) return r;
-        log += " [" + std::to_string(i) + "] fails";
-        continue;
-      }
-      CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(i == 0 ? ref.data() : out.data(), g.c, bytes, cudaMemcpyDeviceToHost, stream_));
-      CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
-      const bool same = i == 0 || std::memcmp(ref.data(), out.data(), bytes) == 0;
-      if (!same) {
-        log += " [" + std::to_string(i) + "] other bits";
-        continue;
-      }
-      constexpr int kReps = 5;
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(t0, stream_));
-      for (int k = 0; k < kReps; ++k) RETURN_IF_ERROR(run(algo));
-      CUDA_RETURN_IF_ERROR(cudaEventRecord(t1, stream_));
-      CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t1));
-      float ms = 0;
-      CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, t0, t1));
-      ms /= kReps;
-      log += " [" + std::to_string(i) + "] " + std::to_string(ms) + " ms";
-      if (i == 0) best_ms = ms;
-      // A candidate must be clearly faster: near-ties keep the heuristic's choice.
-      if (i > 0 && ms < 0.97f * best_ms) best = i, best_ms = ms;
+  // One candidate: its bits against the heuristic's, then its time. A
+  // candidate cuBLASLt refuses is skipped (the heuristic's own failure is
+  // the call's).
+  auto trial = [&](size_t i) -> Status {
+    const cublasLtMatmulAlgo_t& algo = plan->candidates[i];
+    RETURN_IF_ERROR(put_back());
+    if (Status r = Matmul(*plan, g, c_read, algo); !r.ok()) {
+      if (i == 0) return r;
+      log += " [" + std::to_string(i) + "] fails";
+      return Status::OK();
     }
+    CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(i == 0 ? ref.data() : out.data(), g.c, bytes, cudaMemcpyDeviceToHost, stream_));
+    CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    if (i > 0 && std::memcmp(ref.data(), out.data(), bytes) != 0) {
+      log += " [" + std::to_string(i) + "] other bits";
+      return Status::OK();
+    }
+    constexpr int kReps = 5;
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(t0, stream_));
+    for (int k = 0; k < kReps; ++k) RETURN_IF_ERROR(Matmul(*plan, g, c_read, algo));
+    CUDA_RETURN_IF_ERROR(cudaEventRecord(t1, stream_));
+    CUDA_RETURN_IF_ERROR(cudaEventSynchronize(t1));
+    float ms = 0;
+    CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, t0, t1));
+    ms /= kReps;
+    log += " [" + std::to_string(i) + "] " + std::to_string(ms) + " ms";
+    if (i == 0) best_ms = ms;
+    // A candidate must be clearly faster: near-ties keep the heuristic's choice.
+    if (i > 0 && ms < 0.97f * best_ms) best = i, best_ms = ms;
+    return Status::OK();
+  };
+  Status st = [&]() -> Status {
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&t0));
+    CUDA_RETURN_IF_ERROR(cudaEventCreate(&t1));
+    for (size_t i = 0; i < plan->candidates.size(); ++i) RETURN_IF_ERROR(trial(i));
     return Status::OK();
   }();
-  cudaEventDestroy(t0);
+  if (t0) cudaEventDestroy(t0);
   if (t1) cudaEventDestroy(t1);
+  // D as the call found it, whatever happened (a restore error after an
+  // earlier one: the first is the one reported).
+  const Status back = put_back();
   RETURN_IF_ERROR(st);
+  RETURN_IF_ERROR(back);
   plan->algo = plan->candidates[best];
   ++tuned_plans_;
   if (best != 0) ++retuned_plans_;
-  RETURN_IF_ERROR(put_back());
   CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
   if (const char* e = std::getenv("STRATA_GEMM_TUNE_LOG"); e && *e == '1')
     std::fprintf(stderr, "%s -> [%zu]\n", log.c_str(), best);
@@ -421,9 +429,7 @@ Status GemmRunner::Run(const GemmArgs& g) {
     if (opts_.tune && plan->candidates.size() > 1 && g.batch == 1 && flops >= opts_.tune_min_flops)
       RETURN_IF_ERROR(Tune(plan, g, c_read, Dims(g) + " epilogue " + std::to_string(chosen.epi)));
   }
-  CUBLAS_RETURN_IF_ERROR(cublasLtMatmul(handle_, plan->desc, &g.alpha, g.b, plan->a, g.a, plan->b,
-                                        &g.beta, c_read, plan->c, g.c, plan->c, &plan->algo,
-                                        workspace_, opts_.workspace_bytes, stream_));
+  RETURN_IF_ERROR(Matmul(*plan, g, c_read, plan->algo));
   if (fused) ++fused_epilogue_calls_;
   if (want_epi && !fused)
     RETURN_IF_ERROR(GemmEpilogue(stream_, g.c, g.c, g.c_dtype, g.ldc, g.m, g.n, g.batch,
