@@ -352,6 +352,12 @@ struct Trainer::Impl {
   Status MeasurePeak();
 
   // ---- the step ----------------------------------------------------------------
+  // The NVMe swap files are still ours (NvmeTier::CheckFiles): checked
+  // before each step, which then changes nothing when one was deleted.
+  Status CheckSwapFiles() const {
+    NvmeTier* nv = store->nvme_tier();
+    return nv ? nv->CheckFiles() : Status::OK();
+  }
   Status WaitShard(size_t s, double* wait_s);
   Status WaitAllUpdated();
   Status BuildSchedule(AccessSchedule* s) const;
@@ -1933,6 +1939,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
     std::lock_guard<std::mutex> lk(mu);
     RETURN_IF_ERROR(opt_error);
   }
+  RETURN_IF_ERROR(CheckSwapFiles());
   if (!prefetcher->at_cycle_start())
     return FailedPrecondition("a previous step of this trainer failed midway (at " +
                               prefetcher->schedule().EventString(prefetcher->tick()) +
@@ -2188,6 +2195,16 @@ Status Trainer::Run(std::ostream& out) {
   int64_t window_tokens = 0;
   StepReport agg;
   while (I.step < total) {
+    if (Status files = I.CheckSwapFiles(); !files.ok()) {
+      // Nothing of the step has run and the deleted file's data is still
+      // readable through the tier's descriptor: save it while we can.
+      if (I.opt.save_dir.empty())
+        return files.WithContext("stopping before step " + std::to_string(I.step + 1) +
+                                 " (no --save DIR to keep the state in); resume from the last checkpoint");
+      RETURN_IF_ERROR(Save(I.opt.save_dir).WithContext("saving the state after " + files.ToString()));
+      return files.WithContext("stopping before step " + std::to_string(I.step + 1) + "; the state after step " +
+                               std::to_string(I.step) + " was saved to " + I.opt.save_dir + " (resume from it)");
+    }
     ASSIGN_OR_RETURN(StepReport r, Step());
     window_s += r.seconds;
     window_tokens += r.tokens;

@@ -46,6 +46,7 @@ class PosixIoEnv final : public IoEnv {
   int Stat(const std::string& path, struct stat* st) override {
     return Sys(::stat(path.c_str(), st));
   }
+  int Fstat(int fd, struct stat* st) override { return Sys(::fstat(fd, st)); }
   int EventFd() override { return Sys(::eventfd(0, EFD_CLOEXEC)); }
 
   int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {

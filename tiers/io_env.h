@@ -60,12 +60,13 @@ class IoEnv {
   // the file system refused direct I/O.
   virtual int Open(const std::string& path, int flags, mode_t mode) = 0;
   virtual int Close(int fd) = 0;
-  // fallocate(2) / ftruncate(2) / fsync(2) / unlink(2) / stat(2): 0 or -errno.
+  // fallocate(2) / ftruncate(2) / fsync(2) / unlink(2) / stat(2) / fstat(2): 0 or -errno.
   virtual int Fallocate(int fd, int mode, uint64_t offset, uint64_t len) = 0;
   virtual int Ftruncate(int fd, uint64_t len) = 0;
   virtual int Fsync(int fd) = 0;
   virtual int Unlink(const std::string& path) = 0;
   virtual int Stat(const std::string& path, struct stat* st) = 0;
+  virtual int Fstat(int fd, struct stat* st) = 0;
   // eventfd(2) (blocking, close-on-exec): the descriptor or -errno. Each
   // ring's I/O thread waits on one so that new work can wake it.
   virtual int EventFd() = 0;
@@ -114,6 +115,7 @@ class IoEnvWrapper : public IoEnv {
   int Fsync(int fd) override { return target_->Fsync(fd); }
   int Unlink(const std::string& path) override { return target_->Unlink(path); }
   int Stat(const std::string& path, struct stat* st) override { return target_->Stat(path, st); }
+  int Fstat(int fd, struct stat* st) override { return target_->Fstat(fd, st); }
   int EventFd() override { return target_->EventFd(); }
   int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     return target_->RingInit(entries, ring, flags);

@@ -718,13 +718,34 @@ struct NvmeTier::Impl final : RingHost {
     for (auto& r : rings_) r->Stop();
     rings_.clear();
     for (auto& f : files_) {
+      // Only our own file goes: if the path now names another file (ours
+      // was deleted or moved and something took its name), it stays.
+      const bool ours = f->fd >= 0 && !f->path.empty() && CheckFile(*f).ok();
       if (f->fd >= 0) io_env->Close(f->fd);
-      if (!f->path.empty()) {
+      if (ours) {
         int r = io_env->Unlink(f->path);
         if (r < 0 && r != -ENOENT)
           Note("cannot remove swap file " + f->path + ": " + std::string(strerror(-r)));
       }
     }
+  }
+
+  // The swap file is still the one at its path (NvmeTier::CheckFiles).
+  Status CheckFile(const SwapFile& f) const {
+    struct stat mine{}, named{};
+    int r = io_env->Fstat(f.fd, &mine);
+    if (r < 0) return IoError("cannot fstat NVMe swap file", -r, f.path);
+    if (mine.st_nlink == 0)
+      return IoError("NVMe swap file was deleted while in use (the tier still holds it open, so nothing is lost "
+                     "yet; its data goes when the process ends)",
+                     ENOENT, f.path);
+    r = io_env->Stat(f.path, &named);
+    if (r < 0)
+      return IoError("NVMe swap file is no longer at its path (moved or deleted while in use)", -r, f.path);
+    if (named.st_dev != mine.st_dev || named.st_ino != mine.st_ino)
+      return IoError("NVMe swap file's path now names another file (ours was moved or deleted while in use)",
+                     EEXIST, f.path);
+    return Status::OK();
   }
 
   // RingHost
@@ -1295,6 +1316,10 @@ Status NvmeTier::RegisterBuffer(void* base, uint64_t bytes) {
 void NvmeTier::UnregisterBuffer(void* base) { impl_->UnregisterBuffer(base); }
 
 const std::vector<std::string>& NvmeTier::files() const { return impl_->paths_; }
+Status NvmeTier::CheckFiles() const {
+  for (const auto& f : impl_->files_) RETURN_IF_ERROR(impl_->CheckFile(*f));
+  return Status::OK();
+}
 bool NvmeTier::direct_io() const { return impl_->direct_; }
 NvmeStats NvmeTier::stats() const { return impl_->Stats(); }
 

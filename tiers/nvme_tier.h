@@ -131,6 +131,13 @@ class NvmeTier {
   void UnregisterBuffer(void* base);  // `base` as registered
 
   const std::vector<std::string>& files() const;
+  // Each swap file is still the file at its path: IoError naming the file
+  // when one was deleted (ENOENT; the tier's descriptor keeps its data alive
+  // until the tier closes it, so I/O would still work — but the data would
+  // vanish with the process, and whoever deleted it wanted the space) or
+  // when its path was taken by another file. Two syscalls per file, no I/O.
+  // The destructor removes only files that pass this check.
+  Status CheckFiles() const;
   bool direct_io() const;  // false only with buffered_fallback on a file system that refused O_DIRECT
   NvmeStats stats() const;
 

@@ -359,5 +359,79 @@ TEST(Trainer, FullDiskDuringTrainingIsAClearErrorAndTheCheckpointSurvives) {
   ASSERT_OK(t2->Step().status());
 }
 
+// The swap files in `dir` (the NVMe tier's), deleted behind the trainer's back.
+int DeleteSwapFiles(const std::string& dir) {
+  int n = 0;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.is_regular_file() && ::unlink(e.path().c_str()) == 0) ++n;
+  return n;
+}
+
+// A swap file deleted between steps (a cleaner in /var/tmp, a careless rm):
+// the next step fails before it changes anything, naming the file, and the
+// last checkpoint resumes.
+TEST(Trainer, DeletedSwapFileStopsTheNextStepAndTheCheckpointSurvives) {
+  TempDir nvme, ckpt;
+  TrainOptions o = Tiny(6);
+  o.config.zero.offload_optimizer.device = "nvme";
+  o.config.zero.offload_optimizer.nvme_path = nvme.path();
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK(t->Step().status());
+  ASSERT_OK(t->Save(ckpt.path()));
+  ASSERT_OK(t->Step().status());
+  ASSERT_GE(DeleteSwapFiles(nvme.path()), 1);
+  auto r = t->Step();
+  ASSERT_THAT(r, StatusIs(StatusCode::kIoError));
+  EXPECT_EQ(r.status().sys_errno(), ENOENT);
+  EXPECT_THAT(r.status().ToString(), HasSubstr(nvme.path()));
+  EXPECT_THAT(r.status().ToString(), HasSubstr("deleted while in use"));
+  EXPECT_EQ(t->step(), 2);  // nothing of the failed step happened
+  t.reset();
+  TrainOptions again = Tiny(2);
+  again.resume_dir = ckpt.path();
+  ASSERT_OK_AND_ASSIGN(auto t2, Trainer::Create(again, log));
+  EXPECT_EQ(t2->step(), 1);
+  ASSERT_OK(t2->Step().status());
+}
+
+// `strata train` (Run) with --save: the state the deleted file still holds
+// (through the tier's open descriptor) is saved before it stops, and resumes
+// exactly where an uninterrupted run would be.
+TEST(Trainer, RunSavesTheStateWhenASwapFileIsDeleted) {
+  TempDir nvme, ckpt;
+  TrainOptions o = Tiny(4);
+  o.config.zero.offload_optimizer.device = "nvme";
+  o.config.zero.offload_optimizer.nvme_path = nvme.path();
+  o.save_dir = ckpt.path();
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK(t->Step().status());
+  ASSERT_OK(t->Step().status());
+  ASSERT_GE(DeleteSwapFiles(nvme.path()), 1);
+  std::ostringstream out;
+  Status s = t->Run(out);
+  ASSERT_THAT(s, StatusIs(StatusCode::kIoError));
+  EXPECT_THAT(s.ToString(), HasSubstr("stopping before step 3"));
+  EXPECT_THAT(s.ToString(), HasSubstr("was saved to " + ckpt.path()));
+  t.reset();
+
+  TrainOptions straight = Tiny(4);
+  ASSERT_OK_AND_ASSIGN(auto u, Trainer::Create(straight, log));
+  std::vector<double> want;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(StepReport r, u->Step());
+    want.push_back(r.loss);
+  }
+  TrainOptions again = Tiny(4);
+  again.resume_dir = ckpt.path();
+  ASSERT_OK_AND_ASSIGN(auto t2, Trainer::Create(again, log));
+  ASSERT_EQ(t2->step(), 2);
+  for (int i = 2; i < 4; ++i) {
+    ASSERT_OK_AND_ASSIGN(StepReport r, t2->Step());
+    EXPECT_EQ(r.loss, want[static_cast<size_t>(i)]) << "step " << i + 1;
+  }
+}
+
 }  // namespace
 }  // namespace strata

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -611,12 +612,19 @@ TEST_F(NvmeFault, TruncatedFileIsDataLoss) {
   EXPECT_TRUE(a == *data_[0]);
 }
 
-// Unlinking the file behind the tier's back changes nothing while it is open
-// (Linux keeps the inode); closing at destruction copes with the missing name.
+// Unlinking the file behind the tier's back changes nothing for I/O while it
+// is open (Linux keeps the inode), but CheckFiles says so, naming the file;
+// closing at destruction copes with the missing name.
 TEST_F(NvmeFault, DeletedFileKeepsWorkingUntilClosed) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
+  ASSERT_OK(tier_->CheckFiles());
   ASSERT_EQ(::unlink(file().c_str()), 0);
+  Status c = tier_->CheckFiles();
+  EXPECT_THAT(c, StatusIs(StatusCode::kIoError));
+  EXPECT_EQ(c.sys_errno(), ENOENT);
+  EXPECT_EQ(c.path(), file());
+  EXPECT_THAT(c.ToString(), ::testing::HasSubstr("deleted while in use"));
   ExpectIntact();
   ASSERT_OK_AND_ASSIGN(Extent e, tier_->Allocate(kMiB));
   Buf src(kMiB, 12), back(kMiB);
@@ -624,6 +632,33 @@ TEST_F(NvmeFault, DeletedFileKeepsWorkingUntilClosed) {
   ASSERT_OK(tier_->ReadSync(e, 0, back.data(), kMiB));
   EXPECT_TRUE(src == back);
   tier_.reset();
+}
+
+// Another file put at the swap file's path (ours deleted, or moved away) is
+// reported, and is not removed when the tier closes: only our file is.
+TEST_F(NvmeFault, PathTakenByAnotherFileIsReportedAndLeftAlone) {
+  ASSERT_NO_FATAL_FAILURE(OpenTier());
+  SKIP_IF_NO_TIER();
+  const std::string path = file();
+  const std::string moved = path + ".moved";
+  ASSERT_EQ(::rename(path.c_str(), moved.c_str()), 0);
+  Status gone = tier_->CheckFiles();
+  EXPECT_THAT(gone, StatusIs(StatusCode::kIoError));
+  EXPECT_EQ(gone.sys_errno(), ENOENT);
+  EXPECT_EQ(gone.path(), path);
+  int fd = ::open(path.c_str(), O_CREAT | O_WRONLY | O_EXCL, 0600);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  Status other = tier_->CheckFiles();
+  EXPECT_THAT(other, StatusIs(StatusCode::kIoError));
+  EXPECT_EQ(other.sys_errno(), EEXIST);
+  EXPECT_THAT(other.ToString(), ::testing::HasSubstr("another file"));
+  ExpectIntact();  // I/O still goes to our (moved) file
+  tier_.reset();
+  EXPECT_EQ(::access(path.c_str(), F_OK), 0) << "the other file at the path was removed";
+  EXPECT_EQ(::access(moved.c_str(), F_OK), 0);  // ours, moved: not ours to find any more
+  ::unlink(path.c_str());
+  ::unlink(moved.c_str());
 }
 
 // (checksum, block size): 1 MiB pieces hold whole 256 KiB checksum blocks
