@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <functional>
@@ -421,6 +423,29 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
   RETURN_IF_ERROR(Stage3Int(o, "max_reuse_distance", &c->max_reuse_distance, 0, kBig));
   RETURN_IF_ERROR(Stage3Int(o, "param_persistence_threshold", &c->param_persistence_threshold, 0, kBig));
   RETURN_IF_ERROR(o.Int("sub_group_size", &c->sub_group_size, 0, kBig, true));
+  // Tuning knobs of DeepSpeed's own fetch heuristics and of communication:
+  // checked and kept in the config, but the planner decides what they decide
+  // there, from the memory budgets (and one GPU has no communication). One
+  // warning names those set to other than DeepSpeed's default, so a tuned
+  // config does not look obeyed when it is not.
+  const ZeroConfig def;
+  const std::pair<std::string, bool> tuning[] = {
+      {"prefetch_bucket_size", c->prefetch_bucket_size != def.prefetch_bucket_size},
+      {"max_live_parameters", c->max_live_parameters != def.max_live_parameters},
+      {"max_reuse_distance", c->max_reuse_distance != def.max_reuse_distance},
+      {"param_persistence_threshold", c->param_persistence_threshold != def.param_persistence_threshold},
+      {"reduce_bucket_size", c->reduce_bucket_size != def.reduce_bucket_size},
+      {"allgather_bucket_size", c->allgather_bucket_size != def.allgather_bucket_size},
+      {"overlap_comm", c->overlap_comm != def.overlap_comm}};
+  std::string tuned;
+  for (const auto& [key, changed] : tuning)
+    for (const std::string& k : {key, "stage3_" + key})
+      if (changed && o.Has(k)) tuned += (tuned.empty() ? "" : ", ") + o.KeyPath(k);
+  if (!tuned.empty())
+    ctx->warnings->push_back(ctx->source + ": " + tuned +
+                             ": accepted, no effect in strata (the planner sets the prefetch depth and which "
+                             "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
+                             "step; --dry-run shows them. One GPU: no communication to bucket or overlap)");
   return o.Finish({
       {"contiguous_gradients", Policy::kWarn, "strata's gradient buffers are always contiguous per layer"},
       {"reduce_scatter", Policy::kWarn, "communication pattern only"},
@@ -644,6 +669,21 @@ Result<Config> ParseConfig(const json& j, const std::string& source, int world_s
   }));
   if (c.model.seq_len < 1) return InvalidArgument(source + ": model.seq_len must be positive");
   return c;
+}
+
+Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& getenv) {
+  for (const char* var : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = getenv(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || n < 1 || n > (1 << 20))
+      return InvalidArgument(std::string("environment variable ") + var + "=\"" + v +
+                             "\" (set by a launcher) is not a positive integer world size");
+    return static_cast<int>(n);
+  }
+  return 1;
 }
 
 Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings) {

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -170,6 +171,13 @@ Result<Config> ParseConfig(const nlohmann::json& j, const std::string& source, i
 
 // Reads and parses a file; JSON syntax errors name the file, line and column.
 Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings);
+
+// The world size a launcher gave this process: WORLD_SIZE (torchrun, the
+// deepspeed launcher, accelerate), else OMPI_COMM_WORLD_SIZE (Open MPI's
+// mpirun), else PMI_SIZE (MPICH / Hydra), else 1. `getenv` is the lookup
+// (tests pass their own). InvalidArgument naming the variable and its value
+// when it is not a positive integer.
+Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& getenv);
 
 // The effective configuration as DeepSpeed-style JSON (what checkpoints
 // record); ParseConfig of the result gives the same Config back.

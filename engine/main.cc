@@ -82,6 +82,15 @@ int Train(int argc, char** argv) {
     return Usage(std::cerr, 2);
   }
 
+  // Started by a multi-process launcher: each process would train the whole
+  // model alone (and write the same checkpoints). Refuse before anything.
+  auto world = strata::LauncherWorldSize([](const char* v) { return std::getenv(v); });
+  if (!world.ok()) return Fail(world.status());
+  if (*world != 1)
+    return Fail(strata::Unavailable(
+        "started as one of " + std::to_string(*world) +
+        " processes (the launcher's world size): strata train runs one process on one GPU so far, and every "
+        "process would train the whole model alone and write the same checkpoints; start it without the launcher"));
   strata::TrainOptions o;
   std::vector<std::string> warnings;
   if (!config_path.empty()) {

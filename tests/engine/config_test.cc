@@ -1,6 +1,7 @@
 #include "engine/config.h"
 
 #include <fstream>
+#include <map>
 
 #include "tests/test_util.h"
 
@@ -144,8 +145,47 @@ TEST(Config, LegacyAndAliasSpellings) {
   EXPECT_EQ(c.zero.offload_optimizer.device, "cpu");
   EXPECT_EQ(c.zero.max_live_parameters, 300'000'000u);
   EXPECT_EQ(c.aio.intra_op_parallelism, 4);
-  ASSERT_EQ(w.size(), 1u);
+  ASSERT_EQ(w.size(), 2u);
   EXPECT_THAT(w[0], HasSubstr("deprecated"));
+  EXPECT_THAT(w[1], HasSubstr("zero_optimization.stage3_max_live_parameters: accepted, no effect in strata"));
+}
+
+// DeepSpeed's fetch-heuristic and communication knobs are checked, but the
+// planner decides what they decide there: one warning names those set away
+// from DeepSpeed's default, as written; defaults say nothing.
+TEST(Config, TuningKnobsThePlannerSupersedesWarnOnce) {
+  std::vector<std::string> w;
+  ASSERT_OK(Parse(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e8,
+                      "max_reuse_distance": 1e9, "stage3_param_persistence_threshold": 1e6,
+                      "reduce_bucket_size": 2e8, "overlap_comm": false}})", &w).status());
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_THAT(w[0], HasSubstr("zero_optimization.stage3_prefetch_bucket_size, "
+                              "zero_optimization.stage3_param_persistence_threshold, "
+                              "zero_optimization.reduce_bucket_size, zero_optimization.overlap_comm: "
+                              "accepted, no effect in strata"));
+  EXPECT_THAT(w[0], ::testing::Not(HasSubstr("max_reuse_distance")));  // 1e9 is DeepSpeed's default
+  // Bad values are still errors.
+  EXPECT_THAT(Parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": -1}})").status(),
+              StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(Config, LauncherWorldSize) {
+  auto env = [](std::map<std::string, std::string> vars) {
+    return [vars](const char* k) -> const char* {
+      auto it = vars.find(k);
+      return it == vars.end() ? nullptr : it->second.c_str();
+    };
+  };
+  EXPECT_EQ(*LauncherWorldSize(env({})), 1);
+  EXPECT_EQ(*LauncherWorldSize(env({{"WORLD_SIZE", "4"}})), 4);
+  EXPECT_EQ(*LauncherWorldSize(env({{"OMPI_COMM_WORLD_SIZE", "2"}})), 2);
+  EXPECT_EQ(*LauncherWorldSize(env({{"PMI_SIZE", "1"}})), 1);
+  EXPECT_EQ(*LauncherWorldSize(env({{"WORLD_SIZE", "1"}, {"PMI_SIZE", "8"}})), 1);  // WORLD_SIZE first
+  for (const char* bad : {"0", "-2", "two", "3x"}) {
+    auto r = LauncherWorldSize(env({{"WORLD_SIZE", bad}}));
+    ASSERT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << bad;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(std::string("WORLD_SIZE=\"") + bad + "\""));
+  }
 }
 
 TEST(Config, FileErrorsNameTheFileAndLine) {
