@@ -436,7 +436,8 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
       {"param_persistence_threshold", c->param_persistence_threshold != def.param_persistence_threshold},
       {"reduce_bucket_size", c->reduce_bucket_size != def.reduce_bucket_size},
       {"allgather_bucket_size", c->allgather_bucket_size != def.allgather_bucket_size},
-      {"overlap_comm", c->overlap_comm != def.overlap_comm}};
+      {"overlap_comm", c->overlap_comm != def.overlap_comm},
+      {"sub_group_size", c->sub_group_size != def.sub_group_size}};
   std::string tuned;
   for (const auto& [key, changed] : tuning)
     for (const std::string& k : {key, "stage3_" + key})
@@ -445,7 +446,8 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
     ctx->warnings->push_back(ctx->source + ": " + tuned +
                              ": accepted, no effect in strata (the planner sets the prefetch depth and which "
                              "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
-                             "step; --dry-run shows them. One GPU: no communication to bucket or overlap)");
+                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. One GPU: no "
+                             "communication to bucket or overlap)");
   return o.Finish({
       {"contiguous_gradients", Policy::kWarn, "strata's gradient buffers are always contiguous per layer"},
       {"reduce_scatter", Policy::kWarn, "communication pattern only"},
