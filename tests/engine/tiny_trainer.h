@@ -15,6 +15,7 @@
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
+#include "tiers/bytes.h"
 
 namespace strata::testing {
 
@@ -32,6 +33,23 @@ inline TrainOptions TinyTrainer(int64_t n_layer, int64_t n_embd = 64, int64_t se
   c.optimizer.lr = 3e-3;
   c.steps_per_print = 1000;
   c.data.path = SourcePath("data/kjv.txt");
+  return o;
+}
+
+// The CUDA tests' trainer: 3 blocks of d 128 over 64 tokens, AdamW with
+// weight decay, the optimizer state on the host, gradient clipping at `clip`
+// (0: none).
+inline TrainOptions TinyGpuTrainer(bool bf16, double clip) {
+  TrainOptions o = TinyTrainer(3, 128, 64);
+  Config& c = o.config;
+  c.bf16 = bf16;
+  c.optimizer.weight_decay = 0.1;
+  c.gradient_clipping = clip;
+  c.zero.offload_optimizer.device = "cpu";
+  o.backend = "cuda";
+  // (The limit covers the CUDA context and libraries too: about 0.6 GiB.)
+  o.gpu_memory_limit = 1536 * kMiB;
+  o.host_memory_limit = 1 * kGiB;
   return o;
 }
 

@@ -5,6 +5,7 @@
 // step restores the parameters it wrote. Same bits as the post-backward
 // update whether every step commits (a threshold never reached) or every
 // step misses (speculating at every step with one always exceeded).
+#include <functional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -25,34 +26,26 @@ using ::strata::testing::StatusIs;
 using ::strata::testing::Train;
 using ::testing::HasSubstr;
 
-TrainOptions TinyGpu(double clip) {
-  TrainOptions o = testing::TinyTrainer(3, 128, 64);
-  Config& c = o.config;
-  c.bf16 = true;
-  c.optimizer.weight_decay = 0.1;
-  c.gradient_clipping = clip;
-  c.zero.offload_optimizer.device = "cpu";
-  o.backend = "cuda";
-  // (The limit covers the CUDA context and libraries too: about 0.6 GiB.)
-  o.gpu_memory_limit = 1536 * kMiB;
-  o.host_memory_limit = 1 * kGiB;
-  return o;
-}
+TrainOptions TinyGpu(double clip) { return testing::TinyGpuTrainer(/*bf16=*/true, clip); }
 
 TEST(TrainerSpeculativeGpu, SameBitsAsAfterBackward) {
   STRATA_SKIP_WITHOUT_GPU();
+  // What each case changes (the rest: bf16, accumulation 1, layer-major,
+  // the GPU-assisted worker "auto").
   struct Case {
     const char* what;
-    int64_t accum;
-    const char* schedule;
-    double ratio;
-    const char* assist;
+    std::function<void(Config&)> set;
   };
   const Case cases[] = {
-      {"assist auto", 1, "layer-major", 1.0, "auto"},
-      {"assist off", 1, "layer-major", 1.0, "off"},
-      {"accumulation 3, micro-batch-major, assist auto", 3, "micro-batch-major", 1.0, "auto"},
-      {"ratio 0.5, assist auto", 1, "layer-major", 0.5, "auto"},
+      {"assist auto", [](Config&) {}},
+      {"assist off", [](Config& c) { c.trainer.gpu_assisted_optimizer = "off"; }},
+      {"accumulation 3, micro-batch-major",
+       [](Config& c) {
+         c.grad_accum = 3;
+         c.train_batch_size = c.micro_batch * 3;
+         c.trainer.schedule = "micro-batch-major";
+       }},
+      {"ratio 0.5", [](Config& c) { c.zero.offload_optimizer.ratio = 0.5; }},
   };
   struct Threshold {
     double clip;
@@ -64,12 +57,8 @@ TEST(TrainerSpeculativeGpu, SameBitsAsAfterBackward) {
     for (const Threshold& th : thresholds) {
       SCOPED_TRACE(std::string(c.what) + ", gradient_clipping " + std::to_string(th.clip));
       TrainOptions o = TinyGpu(th.clip);
-      Config& cf = o.config;
-      cf.grad_accum = c.accum;
-      cf.train_batch_size = cf.micro_batch * c.accum;
-      cf.trainer.schedule = c.schedule;
-      cf.trainer.gpu_assisted_optimizer = c.assist;
-      cf.zero.offload_optimizer.ratio = c.ratio;
+      o.config.trainer.gpu_assisted_optimizer = "auto";
+      c.set(o.config);
       o.speculate_every_step = th.every_step;
       // One trainer on the device at a time (each counts the other's memory).
       const Outcome s = Train(o, 4);

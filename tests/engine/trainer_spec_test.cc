@@ -154,14 +154,8 @@ std::vector<Case> Matrix() {
   for (const char* precision : {"fp32", "bf16"})
     for (const char* schedule : {"layer-major", "micro-batch-major"})
       for (int64_t accum : {1, 3})
-        for (bool streamed : {false, true}) {
-          Case k;
-          k.precision = precision;
-          k.schedule = schedule;
-          k.accum = accum;
-          k.streamed = streamed;
-          v.push_back(k);
-        }
+        for (bool streamed : {false, true})
+          v.push_back(Case{.precision = precision, .schedule = schedule, .accum = accum, .streamed = streamed});
   return v;
 }
 
@@ -220,11 +214,7 @@ TEST(TrainerSpeculative, TheRuleMissesWhereTheNormRisesAgain) {
 TEST(TrainerSpeculative, WithAGpuStatePrefix) {
   for (const char* schedule : {"layer-major", "micro-batch-major"})
     for (bool streamed : {false, true}) {
-      Case k;
-      k.schedule = schedule;
-      k.accum = 3;
-      k.streamed = streamed;
-      k.ratio = 0.5;
+      const Case k{.schedule = schedule, .accum = 3, .streamed = streamed, .ratio = 0.5};
       ExpectSpeculationMatches(k, kNeverClips, false);
       ExpectSpeculationMatches(k, kClipsFirst, true);
     }
@@ -236,11 +226,7 @@ TEST(TrainerSpeculative, WithAGpuStatePrefix) {
 TEST(TrainerSpeculative, WithTheGpuAssistedOptimizer) {
   for (const char* precision : {"fp32", "bf16"})
     for (bool all : {true, false}) {
-      Case k;
-      k.precision = precision;
-      k.accum = 3;
-      k.assist = "on";
-      k.assist_takes_all = all;
+      const Case k{.precision = precision, .accum = 3, .assist = "on", .assist_takes_all = all};
       ExpectSpeculationMatches(k, kNeverClips, false);
       ExpectSpeculationMatches(k, kClipsFirst, true);
     }

@@ -51,16 +51,6 @@ constexpr Offsets kOffsets[] = {
     {"unlike", 1, 2, 0},
 };
 
-std::unique_ptr<CpuAdam> Make(Isa isa, int threads, size_t tile) {
-  CpuAdam::Options o;
-  o.isa = isa;
-  o.threads = threads;
-  o.tile_elems = tile;
-  auto r = CpuAdam::Create(o);
-  EXPECT_OK(r.status());
-  return r.ok() ? std::move(r).value() : nullptr;
-}
-
 // Steps `in` out of place into fresh arrays at `off` and checks: the copy and
 // the new state equal `want` (the in-place step of the same input), and the
 // inputs are unchanged.
@@ -97,8 +87,7 @@ TEST(CpuAdamOutOfPlace, EveryPathConfigSizeAndAlignmentIsBitwiseInPlace) {
   std::mt19937_64 rng(31);
   for (Isa isa : SupportedIsas()) {
     for (int threads : {1, 3}) {
-      auto a = Make(isa, threads, 1024);
-      ASSERT_NE(a, nullptr);
+      ASSERT_OK_AND_ASSIGN(auto a, CpuAdam::Create({.threads = threads, .isa = isa, .tile_elems = 1024}));
       for (const AdamConfig& c : AllConfigs()) {
         // 1 and 17: no whole vector group; 1023 and 40001: tiles, ragged ends.
         for (size_t n : {size_t{1}, size_t{17}, size_t{1023}, size_t{40001}}) {
@@ -129,12 +118,12 @@ TEST(CpuAdamOutOfPlace, ThreadsAndTilesAgreeWithTheScalarPath) {
   const AdamHyper h = RandomHyper(rng);
   const ShardData orig = RandomShard(c, n, 77);
   ShardData want = orig;
-  ASSERT_OK(Make(Isa::kScalar, 1, 16 * 1024)->Step(want.Shard(), h, {.grad_scale = 1.0 / 3}).status());
+  ASSERT_OK_AND_ASSIGN(auto scalar, CpuAdam::Create({.threads = 1, .isa = Isa::kScalar}));
+  ASSERT_OK(scalar->Step(want.Shard(), h, {.grad_scale = 1.0 / 3}).status());
   for (int threads : {1, 2, 4}) {
     for (size_t tile : {size_t{64}, size_t{16 * 1024}}) {
       SCOPED_TRACE("threads " + std::to_string(threads) + " tile " + std::to_string(tile));
-      auto a = Make(Isa::kAuto, threads, tile);
-      ASSERT_NE(a, nullptr);
+      ASSERT_OK_AND_ASSIGN(auto a, CpuAdam::Create({.threads = threads, .tile_elems = tile}));
       for (const Offsets& off : kOffsets) {
         SCOPED_TRACE(off.name);
         ExpectOutOfPlaceIsInPlace(*a, orig, want, off, h, 1.0 / 3);
@@ -152,8 +141,7 @@ TEST(CpuAdamOutOfPlace, PingPongIsTwoStepsInPlace) {
   AdamHyper h = RandomHyper(rng);
   ShardData inplace = RandomShard(c, n, 5);
   ShardData a = inplace, b = inplace;  // a: the current set; b: the other
-  auto adam = Make(Isa::kAuto, 2, 1024);
-  ASSERT_NE(adam, nullptr);
+  ASSERT_OK_AND_ASSIGN(auto adam, CpuAdam::Create({.threads = 2, .tile_elems = 1024}));
   for (int step = 0; step < 2; ++step) {
     h.step += step;
     ASSERT_OK(adam->Step(inplace.Shard(), h, {.grad_scale = 1.0}).status());
