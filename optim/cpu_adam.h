@@ -104,16 +104,17 @@
 //   read for ownership). fp32 state + fp16 grad + fp16 copy = 28 bytes.
 //   (AdamBytesPerParam computes it.) Out of place the same: the old state is
 //   read and the new one written with non-temporal stores, so the outputs
-//   cost no read for ownership (an output whose address is not 64-byte
-//   aligned relative to the others, which nothing in strata makes, falls back
-//   to plain stores: the same results, and then a read for ownership too).
+//   cost no read for ownership. (That needs the three new-state arrays at
+//   the same offset from a 64-byte boundary, as any page-aligned buffers
+//   are; otherwise they get plain stores: the same results, and then a read
+//   for ownership too.)
 //
 // ## Reaching the memory roof: what the pass does, what the caller does
 //
 // The pass is bandwidth-bound: 8 streams per thread (4 read, 3 written in
 // place, 1 written non-temporally; out of place 4 read, 4 written
-// non-temporally). What decides how much of the machine's
-// bandwidth it gets, besides the code:
+// non-temporally). What decides how much of the machine's bandwidth it gets,
+// besides the code:
 //  - Pages: with 4 KiB pages each stream crosses a page every 64 lines (dTLB
 //    misses, and the L2 streamer stops at every page boundary). Allocate the
 //    arrays 2 MiB-aligned with MADV_HUGEPAGE before first touch:
