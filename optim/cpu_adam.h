@@ -104,10 +104,11 @@
 //   read for ownership). fp32 state + fp16 grad + fp16 copy = 28 bytes.
 //   (AdamBytesPerParam computes it.) Out of place the same: the old state is
 //   read and the new one written with non-temporal stores, so the outputs
-//   cost no read for ownership. (That needs the three new-state arrays at
-//   the same offset from a 64-byte boundary, as any page-aligned buffers
-//   are; otherwise they get plain stores: the same results, and then a read
-//   for ownership too.)
+//   cost no read for ownership. (That needs the three new-state arrays
+//   aligned alike, as 64-byte-aligned buffers are: after the elements up to
+//   the new master's first 64-byte boundary, each must be at one too;
+//   otherwise they get plain stores: the same results, and then a read for
+//   ownership too.)
 //
 // ## Reaching the memory roof: what the pass does, what the caller does
 //
