@@ -36,6 +36,12 @@
 //                          2 MiB-aligned back to back, power-of-two spaced, which
 //                          measured 2-3x slower on the 2-core dev VM)
 //   --full                 the sweep: 1M..1G, threads 1,2,4,..,all, four configs
+//   --out-of-place         the pass reads master/m/v from one set and writes the new
+//                          ones into a second (AdamShard::master_out..., the trainer's
+//                          speculative update), the two sets swapping roles every
+//                          repetition; the roof does the same (the new values streamed
+//                          out non-temporally). The bytes per parameter are the in-place
+//                          ones: the row's "state" says which form ran
 //   --json FILE            also write the rows as JSON (rewritten after every row, so
 //                          a run cut short by a timeout keeps what it measured)
 // Every variant (huge pages, prefetch, pinning, tile) applies to the roof
@@ -191,6 +197,11 @@ struct RoofTile {
   const uint8_t* g; // (n) gs B, read
   uint8_t* out;     // (n) os B, written non-temporally (16-byte aligned), or null
   size_t n, ss, gs, os;
+  // Out of place: p, m and v are only read, and what would be written back
+  // goes to these instead, non-temporally (64-byte aligned). Null: in place.
+  uint8_t* po = nullptr;
+  uint8_t* mo = nullptr;
+  uint8_t* vo = nullptr;
   // Software prefetch like CpuAdam's: every read stream pf bytes ahead, one
   // prefetch per line, groups below pf_stop only (inside the shard); pf 0: none.
   size_t pf = 0;
@@ -219,12 +230,17 @@ size_t PrefetchStop(size_t rest, size_t pf, size_t min_es, size_t group) {
 // The elements [i, n) of a tile past its last full group, byte by byte;
 // returns `folded` with the gradient bytes folded in.
 inline uint64_t RoofTail(const RoofTile& t, size_t i, uint64_t folded) {
+  uint8_t* const po = t.po ? t.po : t.p;
+  uint8_t* const mo = t.po ? t.mo : t.m;
+  uint8_t* const vo = t.po ? t.vo : t.v;
   for (; i < t.n; ++i) {
-    t.p[i * 4] += 1;
-    for (size_t b = 0; b < t.ss; ++b) t.m[i * t.ss + b] += 1, t.v[i * t.ss + b] += 1;
+    po[i * 4] = static_cast<uint8_t>(t.p[i * 4] + 1);
+    for (size_t b = 0; b < t.ss; ++b)
+      mo[i * t.ss + b] = static_cast<uint8_t>(t.m[i * t.ss + b] + 1),
+      vo[i * t.ss + b] = static_cast<uint8_t>(t.v[i * t.ss + b] + 1);
     for (size_t b = 0; b < t.gs; ++b) folded ^= t.g[i * t.gs + b];
     if (t.out)
-      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = t.p[i * 4 + b % 4];
+      for (size_t b = 0; b < t.os; ++b) t.out[i * t.os + b] = po[i * 4 + b % 4];
   }
   return folded;
 }
@@ -260,18 +276,25 @@ uint64_t RoofTileSseImpl(const RoofTile& t) {
     if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 16) {
       O::R x = O::Add1(O::Load(t.p + i * 4 + b));
-      O::Store(t.p + i * 4 + b, x);
+      if (t.po) O::Stream(t.po + i * 4 + b, x);
+      else O::Store(t.p + i * 4 + b, x);
       if (t.out && b < kGroup * t.os) O::Stream(t.out + i * t.os + b, x);
     }
     for (size_t b = 0; b < kGroup * t.ss; b += 16) {
-      O::Store(t.m + i * t.ss + b, O::Add1(O::Load(t.m + i * t.ss + b)));
-      O::Store(t.v + i * t.ss + b, O::Add1(O::Load(t.v + i * t.ss + b)));
+      const O::R m = O::Add1(O::Load(t.m + i * t.ss + b)), v = O::Add1(O::Load(t.v + i * t.ss + b));
+      if (t.po) {
+        O::Stream(t.mo + i * t.ss + b, m);
+        O::Stream(t.vo + i * t.ss + b, v);
+      } else {
+        O::Store(t.m + i * t.ss + b, m);
+        O::Store(t.v + i * t.ss + b, v);
+      }
     }
     for (size_t b = 0; b < kGroup * t.gs; b += 16) acc = O::Xor(acc, O::Load(t.g + i * t.gs + b));
   }
   uint64_t folded = O::Fold(acc);
   folded = RoofTail(t, i, folded);
-  if (t.out) _mm_sfence();
+  if (t.out || t.po) _mm_sfence();
   return folded;
 }
 
@@ -286,21 +309,27 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2Impl(const RoofTile& t) {
     if (kPf && i < t.pf_stop) RoofPrefetch(t, i);
     for (size_t b = 0; b < kGroup * 4; b += 32) {
       __m256i x = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.p + i * 4 + b)), one);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.p + i * 4 + b), x);
+      if (t.po) _mm256_stream_si256(reinterpret_cast<__m256i*>(t.po + i * 4 + b), x);
+      else _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.p + i * 4 + b), x);
       if (t.out && b < kGroup * t.os) _mm256_stream_si256(reinterpret_cast<__m256i*>(t.out + i * t.os + b), x);
     }
     for (size_t b = 0; b < kGroup * t.ss; b += 32) {
-      __m256i* m = reinterpret_cast<__m256i*>(t.m + i * t.ss + b);
-      __m256i* v = reinterpret_cast<__m256i*>(t.v + i * t.ss + b);
-      _mm256_storeu_si256(m, _mm256_add_epi32(_mm256_loadu_si256(m), one));
-      _mm256_storeu_si256(v, _mm256_add_epi32(_mm256_loadu_si256(v), one));
+      const __m256i m = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.m + i * t.ss + b)), one);
+      const __m256i v = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.v + i * t.ss + b)), one);
+      if (t.po) {
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(t.mo + i * t.ss + b), m);
+        _mm256_stream_si256(reinterpret_cast<__m256i*>(t.vo + i * t.ss + b), v);
+      } else {
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.m + i * t.ss + b), m);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.v + i * t.ss + b), v);
+      }
     }
     for (size_t b = 0; b < kGroup * t.gs; b += 32)
       acc = _mm256_xor_si256(acc, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g + i * t.gs + b)));
   }
   uint64_t folded = static_cast<uint64_t>(_mm256_extract_epi64(acc, 0)) ^ static_cast<uint64_t>(_mm256_extract_epi64(acc, 3));
   folded = RoofTail(t, i, folded);
-  if (t.out) _mm_sfence();
+  if (t.out || t.po) _mm_sfence();
   return folded;
 }
 
@@ -321,7 +350,8 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-template <int SS, int GS, int OS>
+// OOP: out of place, the new p, m and v streamed to po, mo and vo.
+template <int SS, int GS, int OS, bool OOP>
 __attribute__((target("avx512f,avx512bw"), always_inline)) inline void RoofVec512(const RoofTile& t, size_t i,
                                                                                   __m512i& acc) {
   const __m512i one = _mm512_set1_epi32(1);
@@ -330,27 +360,35 @@ __attribute__((target("avx512f,avx512bw"), always_inline)) inline void RoofVec51
   if constexpr (GS == 4) g = _mm512_loadu_si512(t.g + i * 4);
   else g = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.g + i * 2)));
   const __m512i x = _mm512_add_epi32(_mm512_loadu_si512(t.p + i * 4), one);
+  if constexpr (OOP) _mm512_stream_si512(reinterpret_cast<__m512i*>(t.po + i * 4), x);
+  else _mm512_storeu_si512(t.p + i * 4, x);
   if constexpr (SS == 4) {
     const __m512i m = _mm512_add_epi32(_mm512_loadu_si512(t.m + i * 4), one);
     const __m512i v = _mm512_add_epi32(_mm512_loadu_si512(t.v + i * 4), one);
-    _mm512_storeu_si512(t.p + i * 4, x);
-    _mm512_storeu_si512(t.m + i * 4, m);
-    _mm512_storeu_si512(t.v + i * 4, v);
+    if constexpr (OOP) {
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(t.mo + i * 4), m);
+      _mm512_stream_si512(reinterpret_cast<__m512i*>(t.vo + i * 4), v);
+    } else {
+      _mm512_storeu_si512(t.m + i * 4, m);
+      _mm512_storeu_si512(t.v + i * 4, v);
+    }
   } else {
-    __m256i* mp = reinterpret_cast<__m256i*>(t.m + i * 2);
-    __m256i* vp = reinterpret_cast<__m256i*>(t.v + i * 2);
-    const __m256i m = _mm256_add_epi32(_mm256_loadu_si256(mp), one8);
-    const __m256i v = _mm256_add_epi32(_mm256_loadu_si256(vp), one8);
-    _mm512_storeu_si512(t.p + i * 4, x);
-    _mm256_storeu_si256(mp, m);
-    _mm256_storeu_si256(vp, v);
+    const __m256i m = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.m + i * 2)), one8);
+    const __m256i v = _mm256_add_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(t.v + i * 2)), one8);
+    if constexpr (OOP) {
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(t.mo + i * 2), m);
+      _mm256_stream_si256(reinterpret_cast<__m256i*>(t.vo + i * 2), v);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.m + i * 2), m);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(t.v + i * 2), v);
+    }
   }
   acc = _mm512_xor_si512(acc, g);
   if constexpr (OS == 4) _mm512_stream_si512(reinterpret_cast<__m512i*>(t.out + i * 4), x);
   if constexpr (OS == 2) _mm256_stream_si256(reinterpret_cast<__m256i*>(t.out + i * 2), _mm512_castsi512_si256(x));
 }
 
-template <int SS, int GS, int OS, bool kPf>
+template <int SS, int GS, int OS, bool OOP, bool kPf>
 __attribute__((target("avx512f,avx512bw"))) uint64_t RoofTileAvx512Impl(const RoofTile& t) {
   // The Adam loop's shape (optim/adam_body.h): groups of 32 elements, each
   // read stream's lines of the group prefetched t.pf bytes ahead first; then
@@ -370,25 +408,29 @@ __attribute__((target("avx512f,avx512bw"))) uint64_t RoofTileAvx512Impl(const Ro
       lines(t.m + i * SS, kGroup * SS);
       lines(t.v + i * SS, kGroup * SS);
       lines(t.g + i * GS, kGroup * GS);
-      RoofVec512<SS, GS, OS>(t, i, acc);
-      RoofVec512<SS, GS, OS>(t, i + 16, acc);
+      RoofVec512<SS, GS, OS, OOP>(t, i, acc);
+      RoofVec512<SS, GS, OS, OOP>(t, i + 16, acc);
     }
   }
   const size_t full = t.n - t.n % 16;
-  for (; i < full; i += 16) RoofVec512<SS, GS, OS>(t, i, acc);
+  for (; i < full; i += 16) RoofVec512<SS, GS, OS, OOP>(t, i, acc);
   alignas(64) uint64_t lanes[8];
   _mm512_store_si512(lanes, acc);  // (no _mm512_reduce_*: GCC 12 warns inside it)
   uint64_t folded = 0;
   for (uint64_t l : lanes) folded ^= l;
   folded = RoofTail(t, i, folded);
-  if (OS) _mm_sfence();
+  if (OS || OOP) _mm_sfence();
   return folded;
 }
 #pragma GCC diagnostic pop
 
+template <int SS, int GS, int OS, bool OOP>
+uint64_t RoofTileAvx512Pf(const RoofTile& t) {
+  return t.pf ? RoofTileAvx512Impl<SS, GS, OS, OOP, true>(t) : RoofTileAvx512Impl<SS, GS, OS, OOP, false>(t);
+}
 template <int SS, int GS, int OS>
 uint64_t RoofTileAvx512Os(const RoofTile& t) {
-  return t.pf ? RoofTileAvx512Impl<SS, GS, OS, true>(t) : RoofTileAvx512Impl<SS, GS, OS, false>(t);
+  return t.po ? RoofTileAvx512Pf<SS, GS, OS, true>(t) : RoofTileAvx512Pf<SS, GS, OS, false>(t);
 }
 template <int SS, int GS>
 uint64_t RoofTileAvx512Gs(const RoofTile& t) {
@@ -412,33 +454,50 @@ struct Shard {
   Config cfg;
   HostBuf master, m, v, grad, out;
   HostBuf sa, sb;  // (n) fp32 each: the STREAM arrays
+  // --out-of-place: the second master/m/v. Each pass reads set `cur` and
+  // writes the other; Flip() then makes the other current.
+  bool oop = false;
+  HostBuf master2, m2, v2;
+  int cur = 0;
+
+  uint8_t* W(int set) const { return Ptr(set ? master2 : master); }
+  uint8_t* M(int set) const { return Ptr(set ? m2 : m); }
+  uint8_t* V(int set) const { return Ptr(set ? v2 : v); }
+  void Flip() { cur ^= oop ? 1 : 0; }
 
   optim::AdamShard View() const {
     optim::AdamShard s;
     s.n = n;
-    s.master = Ptr<float>(master);
-    s.exp_avg = m.data();
-    s.exp_avg_sq = v.data();
+    s.master = reinterpret_cast<float*>(W(cur));
+    s.exp_avg = M(cur);
+    s.exp_avg_sq = V(cur);
     s.state_dtype = cfg.state;
     s.grad = grad.data();
     s.grad_dtype = cfg.grad;
     s.param_out = cfg.has_out ? out.data() : nullptr;
     s.param_out_dtype = cfg.out;
+    if (oop) {
+      s.master_out = reinterpret_cast<float*>(W(cur ^ 1));
+      s.exp_avg_out = M(cur ^ 1);
+      s.exp_avg_sq_out = V(cur ^ 1);
+    }
     return s;
   }
 };
 
-size_t ShardBytes(size_t n, const Config& cfg) {
-  return n * (4 + 2 * DTypeSize(cfg.state) + DTypeSize(cfg.grad) + (cfg.has_out ? DTypeSize(cfg.out) : 0) + 8);
+size_t ShardBytes(size_t n, const Config& cfg, bool oop) {
+  const size_t state = 4 + 2 * DTypeSize(cfg.state);
+  return n * (state * (oop ? 2 : 1) + DTypeSize(cfg.grad) + (cfg.has_out ? DTypeSize(cfg.out) : 0) + 8);
 }
 
 // Allocates and fills the shard with plausible values (first touch by the
 // threads of `arena`, in the tiles the passes will use).
-Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, tbb::task_arena& arena,
+Shard MakeShard(size_t n, const Config& cfg, bool oop, HostHugePages hp, size_t stagger, tbb::task_arena& arena,
                 size_t tile) {
   Shard s;
   s.n = n;
   s.cfg = cfg;
+  s.oop = oop;
   const size_t ss = DTypeSize(cfg.state), gs = DTypeSize(cfg.grad), os = DTypeSize(cfg.out);
   s.master = Alloc(n * 4, hp, 0 * stagger);
   s.m = Alloc(n * ss, hp, 1 * stagger);
@@ -447,6 +506,11 @@ Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, t
   if (cfg.has_out) s.out = Alloc(n * os, hp, 4 * stagger);
   s.sa = Alloc(n * 4, hp, 5 * stagger);
   s.sb = Alloc(n * 4, hp, 6 * stagger);
+  if (oop) {
+    s.master2 = Alloc(n * 4, hp, 7 * stagger);
+    s.m2 = Alloc(n * ss, hp, 8 * stagger);
+    s.v2 = Alloc(n * ss, hp, 9 * stagger);
+  }
   const size_t ntiles = (n + tile - 1) / tile;
   arena.execute([&] {
     tbb::parallel_for(tbb::blocked_range<size_t>(0, ntiles, 1), [&](const tbb::blocked_range<size_t>& r) {
@@ -468,6 +532,11 @@ Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, t
           put(Ptr(s.grad), cfg.grad, 0.01f * (0.5f - u));
         }
         if (cfg.has_out) std::memset(Ptr(s.out) + b * os, 0, (e - b) * os);
+        if (oop) {  // (overwritten by the first pass; touched here for placement)
+          std::memset(Ptr(s.master2) + b * 4, 0, (e - b) * 4);
+          std::memset(Ptr(s.m2) + b * ss, 0, (e - b) * ss);
+          std::memset(Ptr(s.v2) + b * ss, 0, (e - b) * ss);
+        }
         std::memset(Ptr(s.sa) + b * 4, 1, (e - b) * 4);
         std::memset(Ptr(s.sb) + b * 4, 0, (e - b) * 4);
       }
@@ -476,7 +545,8 @@ Shard MakeShard(size_t n, const Config& cfg, HostHugePages hp, size_t stagger, t
   return s;
 }
 
-// The roof pass over the shard's arrays, on the Adam engine's threads and
+// The roof pass over the shard's arrays (out of place: from the current set
+// into the other, like the Adam pass), on the Adam engine's threads and
 // tiles, with its prefetch settings.
 uint64_t RoofPass(Shard& s, const optim::CpuAdam& adam, RoofKernel kernel) {
   const size_t ss = DTypeSize(s.cfg.state), gs = DTypeSize(s.cfg.grad), os = DTypeSize(s.cfg.out);
@@ -486,8 +556,13 @@ uint64_t RoofPass(Shard& s, const optim::CpuAdam& adam, RoofKernel kernel) {
   std::atomic<uint64_t> sink{0};
   adam.RunTiles(ntiles, [&](size_t t) {
     size_t b = t * tile, len = std::min(s.n, b + tile) - b;
-    RoofTile rt{Ptr(s.master) + b * 4, Ptr(s.m) + b * ss, Ptr(s.v) + b * ss, Ptr(s.grad) + b * gs,
+    RoofTile rt{s.W(s.cur) + b * 4, s.M(s.cur) + b * ss, s.V(s.cur) + b * ss, Ptr(s.grad) + b * gs,
                 s.cfg.has_out ? Ptr(s.out) + b * os : nullptr, len, ss, gs, os};
+    if (s.oop) {
+      rt.po = s.W(s.cur ^ 1) + b * 4;
+      rt.mo = s.M(s.cur ^ 1) + b * ss;
+      rt.vo = s.V(s.cur ^ 1) + b * ss;
+    }
     rt.pf = pf;
     rt.pf_stop = pf ? PrefetchStop(s.n - b, pf, std::min(ss, gs), 32) : 0;  // a line of 16-bit = 32
     rt.hint = hint;
@@ -580,6 +655,7 @@ int RunAdam(int argc, char** argv) {
   std::string hugepages_s = "on", prefetch_s = "2048", hints_s = "l1";  // CpuAdam::Options defaults
   std::vector<std::string> configs_s;
   std::string stagger_s = "2M";
+  bool out_of_place = false;
   int reps = 10;
   po::options_description desc("strata-bench adam: the CPU Adam step against the host memory roof");
   AddCommonOptions(desc, common);
@@ -598,7 +674,9 @@ int RunAdam(int argc, char** argv) {
       "software prefetch distances, bytes ahead per read stream (multiples of 64), e.g. 0,512,2048")(
       "prefetch-hint", po::value(&hints_s)->value_name("LIST"), "l1 (prefetcht0), l2 (prefetcht2), or l1,l2")(
       "stagger", po::value(&stagger_s)->value_name("BYTES"),
-      "buffer k of a shard starts k x BYTES into its mapping (0: power-of-two spacing); default 2M");
+      "buffer k of a shard starts k x BYTES into its mapping (0: power-of-two spacing); default 2M")(
+      "out-of-place", po::bool_switch(&out_of_place),
+      "read master/m/v from one set and write them into a second (the speculative update's form), alternating");
   int rc = 0;
   if (!ParseOptions(argc, argv, desc, &rc)) return rc;
 
@@ -676,6 +754,7 @@ int RunAdam(int argc, char** argv) {
   report.meta()["thp_enabled"] = thp.empty() ? "unknown" : thp;
   report.meta()["thp_usable"] = TransparentHugePagesUsable();
   report.meta()["stagger"] = stagger;
+  report.meta()["out_of_place"] = out_of_place;
   std::cout << "strata-bench adam: " << f.brand << " (" << optim::CpuFeatureString(f) << "), " << all
             << " hardware threads; transparent huge pages: " << (thp.empty() ? "unknown" : thp)
             << (TransparentHugePagesUsable() ? "" : " (not usable by this process)") << "\n"
@@ -688,13 +767,13 @@ int RunAdam(int argc, char** argv) {
     const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
     for (HostHugePages hp : hps) {
       for (size_t n : sizes) {
-        const size_t need = ShardBytes(n, cfg);
+        const size_t need = ShardBytes(n, cfg, out_of_place);
         if (need > AvailableBytes() / 10 * 8) {
           report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
                       std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
           continue;
         }
-        Shard shard = MakeShard(n, cfg, hp, stagger, init_arena, tiles.front());
+        Shard shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
         // What the kernel gave: the process's AnonHugePages against the
         // shard's bytes (the shard is nearly all of the process's memory).
         const double thp_share =
@@ -730,12 +809,15 @@ int RunAdam(int argc, char** argv) {
                     auto r = adam->Step(shard.View(), h, {.grad_scale = 1.0 / 1024});
                     double dt = NowSeconds() - t0;
                     BENCH_CHECK_OK(r.status());
+                    shard.Flip();
                     return dt;
                   };
                   auto roof_pass = [&] {
                     double t0 = NowSeconds();
                     sink ^= RoofPass(shard, *adam, roof_kernel);
-                    return NowSeconds() - t0;
+                    const double dt = NowSeconds() - t0;
+                    shard.Flip();
+                    return dt;
                   };
                   adam_pass(1);  // warm up: pages, caches, thread pool
                   roof_pass();
@@ -762,6 +844,7 @@ int RunAdam(int argc, char** argv) {
                   row["tile"] = CountName(tile);
                   row["pf"] = pf.name();
                   row["isa"] = std::string(optim::IsaName(isa));
+                  row["state"] = std::string(out_of_place ? "out of place" : "in place");
                   row["Gparam/s"] = static_cast<double>(n) / sa / 1e9;
                   std::vector<double> pair_ratios;  // each Adam rep against the roof rep right after it
                   for (size_t r = 0; r < ta.size(); ++r) pair_ratios.push_back(tr[r] / ta[r]);
@@ -788,6 +871,9 @@ int RunAdam(int argc, char** argv) {
   report.Note("target: ratio >= 0.90 for >= 64M params; GPU host (16 cores): >= 5 G params/s for f16:f32:f16 "
               "(DeepSpeed cpu_adam AVX-512: 4.90 G params/s on 200M fp32 params, without the copy-out)");
   report.Note("thp = AnonHugePages of the process / the shard's bytes, after first touch");
+  if (out_of_place)
+    report.Note("out of place: each pass (Adam and roof) reads master/m/v from one set and streams the new ones into "
+                "a second, the sets alternating; the same bytes per parameter as in place (no read for ownership)");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
   return 0;

@@ -3,6 +3,7 @@
 //   strata train [--config FILE] [--data PATH] [--steps N] [--save DIR] [--save-every N]
 //                [--resume DIR] [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
+//                [--optimizer-after-backward] [--no-speculative-update]
 //
 // With no --config it trains the small default GPT on the bundled corpus
 // (data/kjv.txt), on the GPU if there is one, else on the CPU backend.
@@ -46,7 +47,7 @@ int Train(int argc, char** argv) {
   std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
-  bool dry_run = false, after_backward = false;
+  bool dry_run = false, after_backward = false, no_speculation = false;
   po::options_description desc("strata train options");
   desc.add_options()("help,h", "show this help")(
       "config", po::value(&config_path)->value_name("FILE"),
@@ -66,6 +67,9 @@ int Train(int argc, char** argv) {
       "optimizer-after-backward", po::bool_switch(&after_backward),
       "update the offloaded optimizer state after the backward even without gradient clipping (same bits; "
       "a non-finite gradient then leaves the state untouched)")(
+      "no-speculative-update", po::bool_switch(&no_speculation),
+      "with gradient clipping, update after the backward instead of during it on speculation that the norm is "
+      "within the threshold (same bits; saves the second master/m/v's host memory)")(
       "log-json", po::value(&log_json)->value_name("FILE"), "also append one JSON line per logged step to FILE")(
       "backend", po::value(&backend)->value_name("NAME"), "auto, cpu or cuda")(
       "threads", po::value(&threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)");
@@ -112,6 +116,7 @@ int Train(int argc, char** argv) {
   o.backend = backend;
   o.cpu_threads = threads;
   o.optimizer_after_backward = after_backward;
+  o.speculative_update = !no_speculation;
   o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
   if (steps == 0) return Fail(strata::InvalidArgument("--steps must be at least 1"));
   if (save_every < 0) return Fail(strata::InvalidArgument("--save-every must not be negative"));

@@ -11,6 +11,8 @@ namespace strata {
 
 namespace {
 
+constexpr char kSpeculativeRow[] = "optimizer, second set (speculative update)";
+
 uint64_t TotalParams(const PlanInputs& in) {
   return static_cast<uint64_t>(in.n_layer) * in.layer_params + in.embedding_params + in.final_params;
 }
@@ -217,7 +219,19 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           if (!best || cost < best->cost || (cost == best->cost && host < best->plan.host_total))
             best = Candidate{p, cost};
         }
-  if (best) return best->plan;
+  if (best) {
+    Plan& p = best->plan;
+    // The speculative update's second master/m/v, beside the first.
+    if (in.speculative_state && p.optimizer == kH && restN > 0) {
+      p.speculative_bytes = restN * 12;
+      p.speculative_fits = p.host_total + p.speculative_bytes <= in.host_budget;
+      if (p.speculative_fits) {
+        p.rows.insert(p.rows.begin() + 3, Plan::Row{kSpeculativeRow, 0, p.speculative_bytes, 0});
+        p.host_total += p.speculative_bytes;
+      }
+    }
+    return p;
+  }
   if (best_gpu_need != UINT64_MAX && best_host_need == UINT64_MAX) {
     std::string because, hint = "raise --gpu-memory-limit, or lower the micro-batch / sequence length";
     if (K > 0) {
@@ -249,6 +263,17 @@ Result<Plan> MakePlan(const PlanInputs& in) {
                          FormatBytes(need) + " of host memory, " +
                          FormatBytes(need > in.host_budget ? need - in.host_budget : 0) +
                          " more than the budget of " + FormatBytes(in.host_budget) + " (" + hint + ")");
+}
+
+void Plan::DropSpeculativeState() {
+  if (!speculative_fits) return;
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i].kind == kSpeculativeRow) {
+      rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(i));
+      break;
+    }
+  host_total -= speculative_bytes;
+  speculative_fits = false;
 }
 
 std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {

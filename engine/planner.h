@@ -8,6 +8,8 @@
 //   grads        P × 4 B on the GPU (fp32 accumulation), or P × grad_host_bytes
 //                on the host (bf16 in bf16 training)        GPU | host
 //   optimizer    P × 12 B (fp32 master, m, v)              GPU | host | NVMe
+//                (+ P × 12 B on the host for the speculative update's second
+//                set, when asked for and the host budget has room for it)
 //   checkpoints  (L+1) × A × B×T×C × dtype (each layer's input and the
 //                head's)                                     GPU | host, or split:
 //                the last layers' on the GPU, the first layers' on the host
@@ -78,6 +80,12 @@ struct PlanInputs {
   // state offloaded (to `offload_optimizer`, which must then be "cpu" or
   // "nvme" when it is < 1); the rest stays on the GPU (see above).
   double optimizer_offload_ratio = 1.0;
+  // The trainer would update speculatively during the backward (gradient
+  // clipping, engine/trainer.cc): it then keeps a second fp32 master/m/v of
+  // every offloaded shard whose state is on the host, 12 B per parameter of
+  // pinned host memory, if the chosen placement leaves that much of the host
+  // budget. The placement is chosen without it (it is a speed-up, not a need).
+  bool speculative_state = false;
 };
 
 struct Plan {
@@ -110,6 +118,14 @@ struct Plan {
   };
   std::vector<Row> rows;
   uint64_t gpu_total = 0, host_total = 0, nvme_total = 0;
+  // PlanInputs::speculative_state: the second set's bytes (12 B per
+  // offloaded parameter; 0 when the state is not on the host), and whether
+  // they fit: then they are in `rows` (a row of their own) and host_total.
+  uint64_t speculative_bytes = 0;
+  bool speculative_fits = false;
+  // Takes the second set out of `rows` and host_total (the trainer could not
+  // allocate it after all); speculative_fits becomes false.
+  void DropSpeculativeState();
 
   // Expected bytes per optimizer step over each link. MakePlan's figures
   // are upper bounds from the sizes; the trainer replaces h2d/d2h with what

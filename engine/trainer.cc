@@ -1,11 +1,13 @@
 // The offload trainer. Read top to bottom it is the step:
 //   Create      backend, plan, store, tensors, init/resume          (setup)
 //   Step        Forward -> Head -> Backward -> post the optimizer's job (one step;
-//               before the last pass's Head when the update runs during the backward)
+//               before the last pass's Head when the update runs during the backward,
+//               and then, speculating, the verdict at its end: GiveVerdict)
 //   Schedule    the step's GPU accesses, in order: the prefetcher (swap/) runs
 //               them, keeping what comes next resident within the GPU room
 //   Optimizer   OptimizerLoop / UpdateShard on the optimizer thread (overlaps the next forward,
-//               and the backward too when nothing waits on the global norm: UpdateModeFor);
+//               and the backward too when nothing waits on the global norm, or on
+//               speculation that the clip coefficient is 1: UpdateModeFor, SpeculateNow);
 //               UpdateGpuPrefix: the GPU-state shards of offload_optimizer.ratio < 1
 //   Evaluate, Save/Resume (engine/checkpoint.cc), Run (logging)
 #include "engine/trainer.h"
@@ -150,30 +152,68 @@ Result<optim::LrSchedule> MakeLrSchedule(const Config& c, int64_t total_steps) {
 // gradient clipping needs the global norm or a dynamic loss scale may skip
 // the step on overflow (which must leave every shard untouched). Then the
 // shards are updated during the backward, each as its gradient is final;
-// else after it. With every shard's state on the GPU (the GPU Adam, at device
-// speed) there is nothing worth moving into the backward.
+// else after it. With gradient clipping alone the update may still run
+// during the backward on speculation that the clip coefficient will be 1
+// (trainer.h), into a second master/m/v on the host, if the plan has room
+// for it (PlanInputs::speculative_state). With every shard's state on the
+// GPU (the GPU Adam, at device speed) there is nothing worth moving into the
+// backward.
 struct UpdateMode {
   bool during_backward = false;
+  bool speculative = false;
   std::string why;
 };
 
-UpdateMode UpdateModeFor(const Config& c, const Plan& p, int64_t n_shards, bool forced_after) {
-  auto num = [](double v) {
-    char b[32];
-    std::snprintf(b, sizeof b, "%g", v);
-    std::string t = b;
-    if (t.find_first_of(".e") == std::string::npos) t += ".0";
-    return t;
-  };
+bool DynamicLossScale(const Config& c) { return c.fp16.enabled && c.fp16.loss_scale == 0; }
+
+// Whether the plan should count the speculative update's second set: the
+// update would run after the backward only because of gradient clipping.
+bool WantsSpeculativeState(const Config& c, const TrainOptions& o) {
+  return o.speculative_update && !o.optimizer_after_backward && c.gradient_clipping > 0 && !DynamicLossScale(c);
+}
+
+// A config value as the mode's reason quotes it: 1.0, 0.5, 128.0.
+std::string ConfigNumber(double v) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g", v);
+  std::string t = b;
+  if (t.find_first_of(".e") == std::string::npos) t += ".0";
+  return t;
+}
+
+UpdateMode UpdateModeFor(const Config& c, const Plan& p, int64_t n_shards, const TrainOptions& o,
+                         uint64_t host_budget) {
+  const auto num = ConfigNumber;
   if (p.optimizer == TierKind::kGpu || p.optimizer_gpu_shards >= n_shards)
-    return {false, "after backward (the optimizer state is on the GPU)"};
-  if (forced_after) return {false, "after backward (asked for: --optimizer-after-backward)"};
-  if (c.gradient_clipping > 0)
-    return {false, "after backward (gradient_clipping " + num(c.gradient_clipping) + " needs the global norm)"};
-  if (c.fp16.enabled && c.fp16.loss_scale == 0)
-    return {false, "after backward (fp16's dynamic loss scale skips the step on overflow)"};
+    return {false, false, "after backward (the optimizer state is on the GPU)"};
+  if (o.optimizer_after_backward) return {false, false, "after backward (asked for: --optimizer-after-backward)"};
+  if (c.gradient_clipping > 0) {
+    const std::string clip = "gradient_clipping " + num(c.gradient_clipping);
+    if (DynamicLossScale(c))
+      return {false, false,
+              "after backward (" + clip + " needs the global norm, and fp16's dynamic loss scale skips the step on "
+              "overflow)"};
+    if (p.speculative_fits)
+      return {false, true,
+              "during backward, speculative (" + clip +
+                  ": updates assume the norm is within it and are redone when it is not)"};
+    std::string why = "after backward (" + clip + " needs the global norm; ";
+    if (!o.speculative_update) {
+      why += "speculation is off";
+    } else if (p.optimizer != TierKind::kHost) {
+      why += "no speculation with the optimizer state on NVMe: its second copy would be written there too";
+    } else {
+      const uint64_t left = host_budget > p.host_total ? host_budget - p.host_total : 0;
+      why += "speculating would need " + FormatBytes(p.speculative_bytes) +
+             " more host memory for a second fp32 master/m/v, and the plan leaves " + FormatBytes(left) + " of the " +
+             FormatBytes(host_budget) + " host budget";
+    }
+    return {false, false, why + ")"};
+  }
+  if (DynamicLossScale(c))
+    return {false, false, "after backward (fp16's dynamic loss scale skips the step on overflow)"};
   const std::string what = c.fp16.enabled ? "fp16, static loss scale " + num(c.fp16.loss_scale) : c.precision();
-  return {true, "during backward (no clipping, " + what + ")"};
+  return {true, false, "during backward (no clipping, " + what + ")"};
 }
 
 }  // namespace
@@ -186,6 +226,13 @@ struct Shard {
   int layer = -1;
   int64_t numel = 0;
   TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master, exp_avg, exp_avg_sq (f32)
+  // The speculative update's other set of master/m/v (host, f32; invalid
+  // when the run does not speculate). A speculative update reads w/m/v and
+  // writes these; a commit swaps the two sets' ids. Who may touch the ids:
+  // the worker holding the shard (claimed, not yet done), or, when none
+  // does, the step thread under Impl::mu (the verdict) or with no job
+  // running (checkpoints, Parameter).
+  TensorId w2, m2, v2;
   TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
   TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
 };
@@ -284,21 +331,43 @@ struct Trainer::Impl {
     int64_t step = 0;        // the step number this update produces (1-based)
     bool skip = false;       // fp16 overflow: nothing to update
     // Posted before the backward's last pass: a shard is claimed once its
-    // gradient is final (grad_final), and checked finite first (CheckFinite).
+    // gradient is final (grad_final), and checked finite first (NonFiniteCount).
     bool streaming = false;
+    // Streaming on speculation (gradient clipping): grad_multiplier assumes
+    // a clip coefficient of 1; until the verdict (GiveVerdict) shards are
+    // updated into their other set.
+    bool speculative = false;
     double grad_multiplier = 1;
     optim::AdamHyper hyper;
   };
   // The update mode (UpdateModeFor), fixed for the run: during the backward
-  // (`streaming`) or after it, and the reason, for the plan and the log.
+  // (`streaming`), speculative (during the backward at the steps
+  // SpeculateNow picks, after it at the others) or after it, and the reason,
+  // for the plan and the log.
   bool streaming = false;
+  bool speculative = false;
   std::string update_mode;
-  // The shards the workers update (every shard from gpu_prefix on), in the
-  // order they claim them: forward order after the backward, the backward's
-  // order (ln_f, the last block ... the embedding) during it.
-  std::vector<size_t> claim_order;
-  // The step thread's: this step's streaming job is posted and not settled
-  // (a failure before the step's end aborts it: AbortJob).
+  // The step thread's: the last step's clip coefficient was exactly 1 (its
+  // norm within gradient_clipping). False after Create, a resume or a failed
+  // step (SpeculateNow).
+  bool last_clip_one = false;
+  // The shards the workers update (every shard from gpu_prefix on) in
+  // forward order, and reversed: the backward's order (ln_f, the last block
+  // ... the embedding). A job posted after the backward claims them in the
+  // first, one posted during it in the second (each as its gradient is
+  // final); after a speculative job's verdict the rest go in forward order.
+  std::vector<size_t> forward_order, backward_order;
+  // A shard's part in the current job.
+  enum class ShardState : uint8_t {
+    kWaiting,     // not claimed (or handed back: its speculative claim met a non-finite gradient)
+    kRunning,     // a worker holds it
+    kSpeculated,  // its other set holds its speculative update, and its parameters are written; awaits the verdict
+    kFinal,       // done for this job (updated[s] says so)
+  };
+  enum class Verdict : uint8_t { kPending, kCommit, kMiss };
+  // The step thread's: this step's job is posted during the backward
+  // (streaming or speculative) and not settled (a failure before the step's
+  // end, or before its verdict, aborts it: AbortJob).
   bool job_in_backward = false;
   // Streaming: each shard's non-finite gradient count ([shards] int32,
   // pinned), copied down from stats_dev after the shard's gradient work, by
@@ -311,20 +380,25 @@ struct Trainer::Impl {
   TierBlock nonfinite_host;
   std::unique_ptr<CopyEngine> count_copies;
   // The optimizer's workers (the CPU Adam, and the GPU-assisted one when on)
-  // claim the job's shards in claim_order, one at a time.
+  // claim the job's shards in its queue, one at a time.
   std::thread opt_thread, assist_thread;
   std::mutex mu;
   std::condition_variable cv;
   std::optional<OptJob> job;          // GUARDED_BY(mu): reset when every worker is done with it
   int64_t job_seq = 0;                // GUARDED_BY(mu): jobs posted
-  size_t next_claim = 0;              // GUARDED_BY(mu): the next index of claim_order to claim
+  std::vector<size_t> queue;          // GUARDED_BY(mu): the job's shards in claim order (rebuilt by a verdict)
+  size_t next_claim = 0;              // GUARDED_BY(mu): the next index of queue to claim
+  std::vector<ShardState> job_state;  // GUARDED_BY(mu): per shard
+  Verdict verdict = Verdict::kPending;  // GUARDED_BY(mu): a speculative job's, once the backward is over
+  double job_multiplier = 1;          // GUARDED_BY(mu): what claims use: the job's, after a verdict the true one
+  uint64_t job_params = 0;            // GUARDED_BY(mu): parameters updated this job (redone ones twice)
   int job_workers = 0;                // GUARDED_BY(mu): workers still on the job
   double job_t0 = 0;                  // GUARDED_BY(mu)
   uint64_t assist_params = 0;         // GUARDED_BY(mu): parameters the GPU-assisted worker updated, this job
-  int64_t job_writes = 0;             // GUARDED_BY(mu): shards this job has written
+  int64_t job_writes = 0;             // GUARDED_BY(mu): shards this job has updated in place (not speculatively)
   std::vector<char> grad_final;       // GUARDED_BY(mu): streaming job: per shard, its gradient is final and home-bound
   std::vector<CopyTicket> grad_counted;  // GUARDED_BY(mu): ... and the copy of its non-finite count (after its GPU work)
-  bool job_abort = false;             // GUARDED_BY(mu): the step failed with its streaming job posted: claim no more
+  bool job_abort = false;             // GUARDED_BY(mu): the step failed with its job in the backward: claim no more
   std::vector<CopyTicket> uploads;    // GUARDED_BY(mu): per shard, the upload of its new parameters
   bool stop = false;                  // GUARDED_BY(mu)
   std::vector<int64_t> updated;       // GUARDED_BY(mu): optimizer steps applied per shard
@@ -384,22 +458,36 @@ struct Trainer::Impl {
   OptJob MakeJob(int64_t job_step, const optim::LrValue& lr, double grad_multiplier, bool streaming) const;
   Status PostJob(const OptJob& j);
   Status GradFinal(size_t s);
+  bool SpeculateNow() const;
+  void GiveVerdict(int64_t job_step, bool hit, double multiplier);
+  void Commit(size_t s, int64_t job_step);
   void AbortJob(const Status& why);
+  Status RestoreParams(Shard& sh);
   Status NonFiniteError(int64_t job_step, const std::string& what) const;
-  Status CheckFinite(const Shard& sh, const CopyTicket& counted, int64_t job_step);
+  Result<int32_t> NonFiniteCount(const Shard& sh, const CopyTicket& counted);
   Result<CopyTicket> OptCopy(int64_t job_step, CopyDirection dir, void* dst, const void* src, uint64_t bytes,
                              const CopyAfter& after = {});
   void OptimizerLoop(bool gpu_worker);
   Status UpdateGpuPrefix(const OptJob& j);
-  Status UpdateShard(Shard& sh, const OptJob& j);
-  Status AssistShard(Shard& sh, const OptJob& j);
+  // How a shard is updated: with which gradient multiplier, and whether
+  // into its other set (a speculative update) or in place.
+  struct How {
+    double multiplier = 1;
+    bool speculative = false;
+  };
+  Status UpdateShard(Shard& sh, const OptJob& j, const How& how);
+  Status AssistShard(Shard& sh, const OptJob& j, const How& how);
   Status SetUpAssist();
+  Status SetUpSpeculation();
   Status ForwardEval(int64_t batches, double* loss);
 
   // ---- state I/O (init, checkpoints, tests) -------------------------------------
   // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
   // parameters become the master rounded to the compute dtype.
   Status WriteShardState(Shard& s, const float* master, const float* m, const float* v);
+  // The master rounded to the compute dtype: the parameters (what the CPU
+  // and GPU Adam write beside it, bit for bit), written into s.p.
+  Status WriteParamsFromMaster(Shard& s, const float* master);
   Status ReadShardState(Shard& s, float* master, float* m, float* v);
   std::vector<CheckpointShard> CheckpointShards();
   TrainState CurrentState() const;
@@ -452,7 +540,7 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
 
 static Status MakePlanInputs(const Config& cfg, const GptConfig& g, DType dtype,
                       size_t block_scratch, size_t head_scratch, uint64_t gpu_budget, uint64_t host_budget,
-                      PlanInputs* in) {
+                      bool speculative_state, PlanInputs* in) {
   const int64_t B = cfg.micro_batch, T = cfg.model.seq_len, C = g.n_embd;
   in->n_layer = g.n_layer;
   in->layer_params = static_cast<uint64_t>(kernels::BlockLayout::For(C).numel);
@@ -477,6 +565,7 @@ static Status MakePlanInputs(const Config& cfg, const GptConfig& g, DType dtype,
   in->cpu_checkpointing = cfg.activation_checkpointing.cpu_checkpointing;
   in->optimizer_chunk_params = std::max<uint64_t>(in->layer_params, 1);
   in->optimizer_offload_ratio = zo.offload_optimizer.ratio;
+  in->speculative_state = speculative_state;
   return Status::OK();
 }
 
@@ -533,7 +622,7 @@ Status Trainer::Impl::Setup() {
   }
 
   RETURN_IF_ERROR(MakePlanInputs(cfg, gcfg, dtype, block_scratch_bytes, head_scratch_bytes, gpu_budget,
-                                 host_budget, &plan_in));
+                                 host_budget, WantsSpeculativeState(cfg, opt), &plan_in));
   ASSIGN_OR_RETURN(plan, MakePlan(plan_in));
 
   // The store.
@@ -591,21 +680,23 @@ Status Trainer::Impl::Setup() {
   RETURN_IF_ERROR(SetUpAssist());
   updated.assign(shards.size(), 0);  // re-set after a resume
   uploads.assign(shards.size(), CopyTicket{});
-  const UpdateMode mode =
-      UpdateModeFor(cfg, plan, static_cast<int64_t>(shards.size()), opt.optimizer_after_backward);
+  const UpdateMode mode = UpdateModeFor(cfg, plan, static_cast<int64_t>(shards.size()), opt, host_budget);
   streaming = mode.during_backward;
+  speculative = mode.speculative;
   update_mode = mode.why;
-  for (size_t i = gpu_prefix; i < shards.size(); ++i) claim_order.push_back(i);
-  if (streaming) {
-    std::reverse(claim_order.begin(), claim_order.end());
+  for (size_t i = gpu_prefix; i < shards.size(); ++i) forward_order.push_back(i);
+  backward_order.assign(forward_order.rbegin(), forward_order.rend());
+  if (streaming || speculative) {
     ASSIGN_OR_RETURN(nonfinite_host, store->host_tier()->Allocate(4 * shards.size(), "non-finite gradient counts"));
     CopyEngineOptions co;
     co.stand_in = !cuda;
     co.staging_bytes = 4096;  // (only pinned memory is copied)
     ASSIGN_OR_RETURN(count_copies, CopyEngine::Create(co));
   }
+  if (speculative) RETURN_IF_ERROR(SetUpSpeculation());
   grad_final.assign(shards.size(), 0);
   grad_counted.assign(shards.size(), CopyTicket{});
+  job_state.assign(shards.size(), ShardState::kWaiting);
   *log << "optimizer update: " << update_mode << "\n";
   if (!opt.resume_dir.empty()) {
     TrainState ts;
@@ -671,6 +762,37 @@ Status Trainer::Impl::SetUpAssist() {
   assist = true;
   *log << "optimizer: CPU Adam and GPU-assisted streaming (master/m/v through 3 chunks of "
        << assist_chunk << " parameters, " << FormatBytes(3 * per) << " of GPU memory), shards claimed in forward order\n";
+  return Status::OK();
+}
+
+// The speculative update's second master/m/v of every shard whose state is
+// on the host, allocated last. The plan counted them; should the host tier
+// still not hold them (its own staging is not in the plan), the update runs
+// after the backward, and the reason says why.
+Status Trainer::Impl::SetUpSpeculation() {
+  Status st;
+  for (Shard& sh : shards) {
+    if (sh.opt_home != TierKind::kHost) continue;
+    for (auto [suffix, id] : {std::pair{".w2", &sh.w2}, {".m2", &sh.m2}, {".v2", &sh.v2}}) {
+      if (!st.ok()) break;
+      Result<TensorId> r = store->Create(sh.name + suffix, DType::kF32, Shape{sh.numel}, TierKind::kHost);
+      if (r.ok()) *id = *r;
+      else st = r.status();
+    }
+  }
+  if (st.ok()) return Status::OK();
+  if (st.code() != StatusCode::kOutOfMemory) return st;
+  for (Shard& sh : shards)
+    for (TensorId* id : {&sh.w2, &sh.m2, &sh.v2})
+      if (id->valid()) {
+        RETURN_IF_ERROR(store->Remove(*id));
+        *id = TensorId{};
+      }
+  speculative = false;
+  plan.DropSpeculativeState();
+  update_mode = "after backward (gradient_clipping " + ConfigNumber(cfg.gradient_clipping) +
+                " needs the global norm; the host tier could not hold the speculative update's second fp32 "
+                "master/m/v: " + std::string(st.message()) + ")";
   return Status::OK();
 }
 
@@ -886,24 +1008,34 @@ Status Trainer::Impl::WriteShardState(Shard& s, const float* master, const float
   if (!m || !v) zeros.assign(n, 0.f);
   RETURN_IF_ERROR(store->Write(s.m, m ? m : zeros.data(), fbytes));
   RETURN_IF_ERROR(store->Write(s.v, v ? v : zeros.data(), fbytes));
-  std::vector<uint8_t> p(n * DTypeSize(dtype));
-  if (dtype == DType::kF32) {
-    std::memcpy(p.data(), master, fbytes);
-  } else {
-    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
-    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
-  }
-  RETURN_IF_ERROR(store->Write(s.p, p.data(), p.size()));
+  RETURN_IF_ERROR(WriteParamsFromMaster(s, master));
   // Gradients start as zeros so that padding never holds garbage.
   if (zeros.empty()) zeros.assign(n, 0.f);
   RETURN_IF_ERROR(store->Write(s.g, zeros.data(), n * DTypeSize(grad_dtype)));
   // Write-through to the homes that are not the copy written (NVMe state).
-  for (TensorId id : {s.p, s.g, s.w, s.m, s.v}) {
+  for (TensorId id : {s.g, s.w, s.m, s.v}) {
     ASSIGN_OR_RETURN(TensorInfo info, store->Info(id));
     if (info.home == TierKind::kNvme) {
       ASSIGN_OR_RETURN(Ticket t, store->Evict(id, TierKind::kHost));
       RETURN_IF_ERROR(t.Wait());
     }
+  }
+  return Status::OK();
+}
+
+Status Trainer::Impl::WriteParamsFromMaster(Shard& s, const float* master) {
+  const size_t n = static_cast<size_t>(s.numel);
+  std::vector<uint8_t> p(n * DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    std::memcpy(p.data(), master, n * 4);
+  } else {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
+    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
+  }
+  RETURN_IF_ERROR(store->Write(s.p, p.data(), p.size()));
+  if (s.p_home == TierKind::kNvme) {  // write-through
+    ASSIGN_OR_RETURN(Ticket t, store->Evict(s.p, TierKind::kHost));
+    RETURN_IF_ERROR(t.Wait());
   }
   return Status::OK();
 }
@@ -1347,7 +1479,12 @@ Status Trainer::Impl::PostJob(const OptJob& j) {
   cv.wait(lk, [&] { return !job.has_value(); });
   job = j;
   ++job_seq;
+  queue = j.streaming ? backward_order : forward_order;
   next_claim = 0;
+  std::fill(job_state.begin(), job_state.end(), ShardState::kWaiting);
+  verdict = Verdict::kPending;
+  job_multiplier = j.grad_multiplier;
+  job_params = 0;
   job_workers = assist ? 2 : 1;
   job_t0 = Now();
   assist_params = 0;
@@ -1391,22 +1528,117 @@ Status Trainer::Impl::GradFinal(size_t s) {
   return Status::OK();
 }
 
-// The step failed with its streaming job posted: the workers take no more
-// shards and the step waits for them to leave the job. If one had written a
-// shard, the in-memory state is part this step's, part the last: the error
-// sticks (every later call, Save included, returns it). Else the state is the
-// last step's, untouched.
-void Trainer::Impl::AbortJob(const Status& why) {
-  std::unique_lock<std::mutex> lk(mu);
-  job_abort = true;
+// Whether this step's update speculates (in a speculative run). A miss
+// costs a redo of what was speculated, more than not speculating at all, so
+// a step speculates only where a hit is likely: after a step whose norm was
+// within gradient_clipping (its clip coefficient exactly 1; the norm moves
+// little from one step to the next). The first step after Create or a
+// resume has no such history and does not; nor does the step after a failed
+// one.
+bool Trainer::Impl::SpeculateNow() const {
+  if (!speculative) return false;
+  return last_clip_one || opt.speculate_every_step;
+}
+
+// The verdict on a speculative job, given by the step thread once the
+// backward is over and the true multiplier is known. A hit (the multiplier
+// assumed) commits every speculated shard (Commit: its sets swap, nothing is
+// copied); a miss queues each to be redone in place from its current set,
+// which the speculation never wrote (the redo rewrites its parameters too).
+// The shards not claimed yet are updated in place with `multiplier`; these
+// and the redone ones in forward order, the next forward's. A shard a worker
+// holds now is settled by that worker when it is done (OptimizerLoop). Every
+// change of a shard's job state is made under mu, so each speculated shard
+// is settled exactly once, by whichever of the verdict and its worker comes
+// second.
+void Trainer::Impl::GiveVerdict(int64_t job_step, bool hit, double multiplier) {
+  std::lock_guard<std::mutex> lk(mu);
+  verdict = hit ? Verdict::kCommit : Verdict::kMiss;
+  job_multiplier = multiplier;
+  std::vector<size_t> rest;
+  for (size_t s : forward_order) {
+    if (job_state[s] == ShardState::kSpeculated) {
+      if (hit) {
+        Commit(s, job_step);
+        continue;
+      }
+      job_state[s] = ShardState::kWaiting;
+    }
+    if (job_state[s] == ShardState::kWaiting) rest.push_back(s);
+  }
+  queue = std::move(rest);
+  next_claim = 0;
   cv.notify_all();
-  cv.wait(lk, [&] { return !job.has_value(); });
-  job_abort = false;
-  if (job_writes > 0 && opt_error.ok())
-    opt_error = FailedPrecondition(
-        "step " + std::to_string(step + 1) + " failed after the optimizer had begun updating during the backward (" +
-        std::to_string(job_writes) + " shards hold its update, the others the last step's): the in-memory state " +
-        "is partly updated and cannot be saved; resume from the last checkpoint. The failure: " + why.ToString());
+}
+
+// Shard `s`'s speculative update becomes its state: the two sets swap (ids
+// only). Called under mu, with no worker on the shard but the caller.
+void Trainer::Impl::Commit(size_t s, int64_t job_step) {
+  Shard& sh = shards[s];
+  std::swap(sh.w, sh.w2);
+  std::swap(sh.m, sh.m2);
+  std::swap(sh.v, sh.v2);
+  job_state[s] = ShardState::kFinal;
+  updated[s] = job_step;
+}
+
+// The step failed with its job posted during the backward: the workers take
+// no more shards and the step waits for them to leave the job. Then:
+//  - if a shard was updated in place (streaming), or the job had its
+//    verdict (speculative), the in-memory state is part this step's, part
+//    the last: the error sticks (every later call, Save included, returns it);
+//  - else the state is the last step's, untouched: a speculative update
+//    writes only its shard's other set (garbage now) and its parameters,
+//    which are rewritten here from the untouched master. The trainer stays
+//    as usable as after a failure with the update after the backward (Save
+//    writes the last step's state), unless that rewrite fails (sticky).
+void Trainer::Impl::AbortJob(const Status& why) {
+  std::vector<size_t> restore;
+  {
+    std::unique_lock<std::mutex> lk(mu);
+    job_abort = true;
+    cv.notify_all();
+    cv.wait(lk, [&] { return !job.has_value(); });
+    job_abort = false;
+    if (job_writes > 0 || verdict != Verdict::kPending) {
+      if (opt_error.ok())
+        opt_error = FailedPrecondition(
+            "step " + std::to_string(step + 1) + " failed after the optimizer had begun updating during the " +
+            "backward (" + std::to_string(job_writes) + " shards hold its update, the others the last step's): " +
+            "the in-memory state is partly updated and cannot be saved; resume from the last checkpoint. The " +
+            "failure: " + why.ToString());
+      return;
+    }
+    for (size_t s : forward_order)
+      if (job_state[s] == ShardState::kSpeculated) restore.push_back(s);
+  }
+  for (size_t s : restore) {
+    Status st = RestoreParams(shards[s]);
+    if (st.ok()) continue;
+    std::lock_guard<std::mutex> lk(mu);
+    if (opt_error.ok())
+      opt_error = FailedPrecondition(
+          "step " + std::to_string(step + 1) + " failed during its speculative update, and the parameters of " +
+          shards[s].name + " that it had written could not be restored from the untouched master weights (" +
+          st.ToString() + "): resume from the last checkpoint. The failure: " + why.ToString());
+    return;
+  }
+}
+
+// The parameters of a shard whose speculative update was never committed,
+// back to the last step's: its master weights (untouched) rounded, which is
+// what the update that made them wrote beside them, bit for bit. The
+// speculative upload into their GPU home has landed first.
+Status Trainer::Impl::RestoreParams(Shard& sh) {
+  CopyTicket up;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    up = uploads[static_cast<size_t>(&sh - shards.data())];
+  }
+  RETURN_IF_ERROR(up.Wait());
+  std::vector<float> master(static_cast<size_t>(sh.numel));
+  RETURN_IF_ERROR(store->Read(sh.w, master.data(), master.size() * 4));
+  return WriteParamsFromMaster(sh, master.data());
 }
 
 Status Trainer::Impl::NonFiniteError(int64_t job_step, const std::string& what) const {
@@ -1419,16 +1651,13 @@ Status Trainer::Impl::NonFiniteError(int64_t job_step, const std::string& what) 
       "checkpoint");
 }
 
-// Streaming: never update a shard whose own gradient holds a non-finite
-// value (the step's overflow flag comes only at the backward's end; other
-// shards may have been updated by then: NonFiniteError says so). Waiting for
-// the count's copy also means the GPU is done with the shard's gradient and
+// Streaming: a shard's non-finite gradient count, once its copy has come
+// down (the step's overflow flag comes only at the backward's end). Waiting
+// for it also means the GPU is done with the shard's gradient and
 // parameters, so no copy or kernel of the update needs ordering on the GPU.
-Status Trainer::Impl::CheckFinite(const Shard& sh, const CopyTicket& counted, int64_t job_step) {
+Result<int32_t> Trainer::Impl::NonFiniteCount(const Shard& sh, const CopyTicket& counted) {
   RETURN_IF_ERROR(counted.Wait());
-  const int32_t n = nonfinite_host.as<int32_t>()[&sh - shards.data()];
-  if (n == 0) return Status::OK();
-  return NonFiniteError(job_step, std::to_string(n) + " in " + sh.name + ", which was not updated");
+  return nonfinite_host.as<int32_t>()[&sh - shards.data()];
 }
 
 // A PCIe copy of the optimizer's workers, counted as the update's (bytes_mu).
@@ -1462,11 +1691,13 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
     // before is written back meanwhile (UpdateShard's evictions return at
     // once; without pipeline_write they are waited for before the next
     // shard). NVMe state has no GPU-assisted worker, so the CPU worker claims
-    // every shard. The first shard's read starts with the job (during the
+    // every shard, and is never speculated on, so the claim order is the
+    // job's first. The first shard's read starts with the job (during the
     // backward, the wait for its gradient hides it).
+    const std::vector<size_t>& order = j.streaming ? backward_order : forward_order;
     auto read_ahead = [&](size_t k) {
-      if (gpu_worker || !oo.pipeline_read || j.skip || k >= claim_order.size()) return;
-      const Shard& sh = shards[claim_order[k]];
+      if (gpu_worker || !oo.pipeline_read || j.skip || j.speculative || k >= order.size()) return;
+      const Shard& sh = shards[order[k]];
       if (sh.opt_home != TierKind::kNvme) return;
       for (TensorId id : {sh.w, sh.m, sh.v}) (void)store->Prefetch(id, TierKind::kHost);
     };
@@ -1475,47 +1706,87 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
       size_t k, s;
       bool ok;
       CopyTicket counted;
+      How how;
       if (!gpu_worker && assist && opt.assist_takes_all) break;
       {
         std::unique_lock<std::mutex> lk(mu);
-        // A streaming job's shards are claimed once final, in claim order.
+        // A streaming job's shards are claimed once final, in claim order; a
+        // speculative job is left only after its verdict (a miss queues more).
         cv.wait(lk, [&] {
-          return stop || job_abort || next_claim >= claim_order.size() || !j.streaming ||
-                 grad_final[claim_order[next_claim]];
+          if (stop || job_abort) return true;
+          if (next_claim < queue.size()) return !j.streaming || grad_final[queue[next_claim]] != 0;
+          return !j.speculative || verdict != Verdict::kPending;
         });
-        if (stop || job_abort || next_claim >= claim_order.size()) break;
+        if (stop || job_abort || next_claim >= queue.size()) break;
         k = next_claim++;
-        s = claim_order[k];
+        s = queue[k];
         ok = opt_error.ok();
         counted = grad_counted[s];
+        how.multiplier = job_multiplier;
+        how.speculative = j.speculative && verdict == Verdict::kPending;
+        job_state[s] = ShardState::kRunning;
       }
       read_ahead(k + 1);
+      Shard& sh = shards[s];
+      const std::string what = std::string("optimizer step of ") + sh.name + (gpu_worker ? " (gpu-assisted)" : "");
+      auto update = [&] {
+        Status u = gpu_worker ? AssistShard(sh, j, how) : UpdateShard(sh, j, how);
+        return u.WithContext(what);
+      };
       Status st;
-      bool wrote = false;
+      bool wrote = false, handed_back = false;
       if (!j.skip && ok) {
-        if (j.streaming) st = CheckFinite(shards[s], counted, j.step);
-        if (st.ok()) {
-          st = gpu_worker ? AssistShard(shards[s], j) : UpdateShard(shards[s], j);
+        if (j.streaming) {
+          // Never update a shard whose own gradient holds a non-finite value
+          // (NonFiniteError says what other shards may hold). Speculating,
+          // such a shard is just handed back: nothing is committed before the
+          // backward's end, which finds the overflow and fails the step.
+          Result<int32_t> bad = NonFiniteCount(sh, counted);
+          if (!bad.ok()) st = bad.status().WithContext(what);
+          else if (*bad != 0 && how.speculative) handed_back = true;
+          else if (*bad != 0)
+            st = NonFiniteError(j.step, std::to_string(*bad) + " in " + sh.name + ", which was not updated");
+        }
+        if (st.ok() && !handed_back) {
+          st = update();
           wrote = st.ok();
         }
-        st = st.WithContext(std::string("optimizer step of ") + shards[s].name +
-                            (gpu_worker ? " (gpu-assisted)" : ""));
       }
-      std::lock_guard<std::mutex> lk(mu);
+      // Settle the shard. A speculative update whose verdict came meanwhile
+      // is committed, or, missed, redone here in place.
+      std::unique_lock<std::mutex> lk(mu);
+      auto count = [&] {
+        job_params += static_cast<uint64_t>(sh.numel);
+        if (gpu_worker) assist_params += static_cast<uint64_t>(sh.numel);
+      };
+      if (wrote) count();
+      while (wrote && how.speculative && verdict == Verdict::kMiss) {
+        how = How{job_multiplier, false};
+        lk.unlock();
+        st = update();
+        wrote = st.ok();
+        lk.lock();
+        if (wrote) count();
+      }
       if (!st.ok() && opt_error.ok()) opt_error = st;  // sticky: the next call reports it
-      updated[s] = j.step;
-      if (wrote) ++job_writes;
-      if (gpu_worker) assist_params += static_cast<uint64_t>(shards[s].numel);
+      if (handed_back) {
+        job_state[s] = ShardState::kWaiting;
+      } else if (wrote && how.speculative && verdict == Verdict::kPending) {
+        job_state[s] = ShardState::kSpeculated;
+      } else if (wrote && how.speculative) {
+        Commit(s, j.step);
+      } else {
+        job_state[s] = ShardState::kFinal;
+        updated[s] = j.step;
+        if (wrote) ++job_writes;
+      }
       cv.notify_all();
     }
     std::lock_guard<std::mutex> lk(mu);
     if (--job_workers == 0) {
       const size_t slot = static_cast<size_t>(j.step % 2);
       job_seconds[slot] = Now() - job_t0;
-      // Every offloaded shard is claimed once per job.
-      uint64_t total = 0;
-      for (size_t i = gpu_prefix; i < shards.size(); ++i) total += static_cast<uint64_t>(shards[i].numel);
-      job_assist_share[slot] = total ? static_cast<double>(assist_params) / static_cast<double>(total) : 0;
+      job_assist_share[slot] = job_params ? static_cast<double>(assist_params) / static_cast<double>(job_params) : 0;
       job.reset();
     }
     cv.notify_all();
@@ -1541,7 +1812,9 @@ Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
         std::lock_guard<std::mutex> lk(mu);
         st = opt_error;
       }
-      if (st.ok()) st = UpdateShard(shards[s], j).WithContext("optimizer step of " + shards[s].name + " (gpu state)");
+      if (st.ok())
+        st = UpdateShard(shards[s], j, How{j.grad_multiplier, false})
+                 .WithContext("optimizer step of " + shards[s].name + " (gpu state)");
     }
     std::lock_guard<std::mutex> lk(mu);
     if (!st.ok() && opt_error.ok()) opt_error = st;
@@ -1557,8 +1830,14 @@ Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
   return Status::OK();
 }
 
-Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
+// One shard's update by a worker (or, GPU state, the step thread), with the
+// CPU Adam or the fused GPU Adam: in place, or (how.speculative, host state
+// only) from the current master/m/v into the other set, which a commit then
+// makes current. The new parameters are written either way.
+Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j, const How& how) {
   const uint64_t n = static_cast<uint64_t>(sh.numel);
+  if (how.speculative && sh.opt_home != TierKind::kHost)
+    return Internal("a speculative update of " + sh.name + ", whose optimizer state is not on the host");
   if (sh.opt_home == TierKind::kGpu) {
     // Everything of this shard is on the GPU (or its stand-in).
     ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kGpu, Access::kReadWrite));
@@ -1578,10 +1857,10 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     void* s = nullptr;
     if (cuda()) {
       s = stream();
-      RETURN_IF_ERROR(optim::GpuAdamStep(a, j.hyper, j.grad_multiplier, s));
+      RETURN_IF_ERROR(optim::GpuAdamStep(a, j.hyper, how.multiplier, s));
       RETURN_IF_ERROR(backend->Synchronize());
     } else {
-      ASSIGN_OR_RETURN(optim::AdamStepResult r, adam->Step(a, j.hyper, {j.grad_multiplier, false}));
+      ASSIGN_OR_RETURN(optim::AdamStepResult r, adam->Step(a, j.hyper, {how.multiplier, false}));
       (void)r;
     }
     RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, s));
@@ -1607,9 +1886,17 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
     grad = g.data;
     grad_acquired = true;
   }
-  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, Access::kReadWrite));
-  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kHost, Access::kReadWrite));
-  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kHost, Access::kReadWrite));
+  const bool spec = how.speculative;
+  const Access state_access = spec ? Access::kRead : Access::kReadWrite;
+  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
+  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kHost, state_access));
+  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kHost, state_access));
+  TensorView w2, m2, v2;  // speculative: where the new state goes
+  if (spec) {
+    ASSIGN_OR_RETURN(w2, store->Acquire(sh.w2, TierKind::kHost, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(m2, store->Acquire(sh.m2, TierKind::kHost, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(v2, store->Acquire(sh.v2, TierKind::kHost, Access::kWriteDiscard));
+  }
   void* pout = nullptr;
   const bool p_on_host = sh.p_home != TierKind::kGpu;
   if (p_on_host) {
@@ -1629,11 +1916,21 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
   a.grad_dtype = grad_dtype;
   a.param_out = pout;
   a.param_out_dtype = dtype;
-  auto r = adam->Step(a, j.hyper, {j.grad_multiplier, false});
+  if (spec) {
+    a.master_out = static_cast<float*>(w2.data);
+    a.exp_avg_out = m2.data;
+    a.exp_avg_sq_out = v2.data;
+  }
+  auto r = adam->Step(a, j.hyper, {how.multiplier, false});
   if (grad_acquired) RETURN_IF_ERROR(store->Release(sh.g, TierKind::kHost, false));
-  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, r.ok()));
-  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, r.ok()));
-  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, !spec && r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, !spec && r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, !spec && r.ok()));
+  if (spec) {
+    RETURN_IF_ERROR(store->Release(sh.w2, TierKind::kHost, r.ok()));
+    RETURN_IF_ERROR(store->Release(sh.m2, TierKind::kHost, r.ok()));
+    RETURN_IF_ERROR(store->Release(sh.v2, TierKind::kHost, r.ok()));
+  }
   if (p_on_host) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kHost, r.ok()));
   RETURN_IF_ERROR(r.status());
   if (sh.opt_home == TierKind::kNvme) {
@@ -1672,27 +1969,58 @@ Status Trainer::Impl::UpdateShard(Shard& sh, const OptJob& j) {
 // and whose parameters live on the GPU: chunk by chunk, master/m/v (and a
 // host-resident gradient) go up on the H2D copy stream, the fused Adam runs on
 // the D2H copy stream once they have landed and writes the new parameters in
-// place, and master/m/v come back on the same stream after it. Three chunk
-// buffers rotate (one going up, one updating, one coming down). The result
-// is the CPU Adam's, bit for bit (optim/gpu_adam.h), so which worker takes a
-// shard changes nothing but the time. In the stand-in the same pipeline runs
-// with the CPU Adam on the stand-in's memory.
-Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
+// place, and master/m/v come back on the same stream after it (into the
+// other set when speculative: the chunk buffers are scratch, so the GPU Adam
+// itself stays in place). Three chunk buffers rotate (one going up, one
+// updating, one coming down). The result is the CPU Adam's, bit for bit
+// (optim/gpu_adam.h), so which worker takes a shard changes nothing but the
+// time. In the stand-in the same pipeline runs with the CPU Adam on the
+// stand-in's memory.
+Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j, const How& how) {
   const uint64_t n = static_cast<uint64_t>(sh.numel);
   CopyEngine* ce = store->copy_engine();
   void* s = cuda() ? ce->stream(CopyDirection::kDeviceToHost) : nullptr;
   const uint64_t gs = DTypeSize(grad_dtype), ps = DTypeSize(dtype);
   const bool host_grad = sh.g_home != TierKind::kGpu;
   const TierKind gtier = host_grad ? TierKind::kHost : TierKind::kGpu;
-  ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, gtier, Access::kRead));
-  auto w = store->Acquire(sh.w, TierKind::kHost, Access::kReadWrite);
-  auto m = w.ok() ? store->Acquire(sh.m, TierKind::kHost, Access::kReadWrite) : Result<TensorView>(w.status());
-  auto v = m.ok() ? store->Acquire(sh.v, TierKind::kHost, Access::kReadWrite) : Result<TensorView>(m.status());
-  auto p = v.ok() ? store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard) : Result<TensorView>(v.status());
-  Status st = p.status();
-  auto hptr = [](const Result<TensorView>& r, uint64_t off, uint64_t size) {
-    return static_cast<char*>(r->data) + off * size;
+  const bool spec = how.speculative;
+  // The pins taken, each released at the end whatever failed (`out`: written
+  // by the update, dirty if it succeeded).
+  struct Pin {
+    TensorId id;
+    TierKind tier;
+    bool out;
   };
+  std::vector<Pin> pins;
+  Status st;
+  auto pin = [&](TensorId id, TierKind tier, Access access, bool out) -> char* {
+    if (!st.ok()) return nullptr;
+    Result<TensorView> r = store->Acquire(id, tier, access);
+    if (!r.ok()) {
+      st = r.status();
+      return nullptr;
+    }
+    pins.push_back({id, tier, out});
+    return static_cast<char*>(r->data);
+  };
+  // A miss has this worker redo a shard the CPU worker may have speculated
+  // on: the new parameters are written on this stream only after that
+  // upload of the speculated ones (almost always landed long ago).
+  CopyTicket uploaded;
+  {
+    std::lock_guard<std::mutex> lk(mu);
+    uploaded = uploads[static_cast<size_t>(&sh - shards.data())];
+  }
+  st = uploaded.StreamWait(s);  // (the stand-in: waits)
+  const Access state_access = spec ? Access::kRead : Access::kReadWrite;
+  const char* g = pin(sh.g, gtier, Access::kRead, false);
+  char* hw = pin(sh.w, TierKind::kHost, state_access, !spec);
+  char* hm = pin(sh.m, TierKind::kHost, state_access, !spec);
+  char* hv = pin(sh.v, TierKind::kHost, state_access, !spec);
+  char* ow = spec ? pin(sh.w2, TierKind::kHost, Access::kWriteDiscard, true) : hw;
+  char* om = spec ? pin(sh.m2, TierKind::kHost, Access::kWriteDiscard, true) : hm;
+  char* ov = spec ? pin(sh.v2, TierKind::kHost, Access::kWriteDiscard, true) : hv;
+  char* p = pin(sh.p, TierKind::kGpu, Access::kWriteDiscard, true);
   for (uint64_t off = 0; off < n && st.ok(); off += assist_chunk) {
     const uint64_t c = std::min(assist_chunk, n - off);
     AssistSlot& sl = assist_slots[assist_next];
@@ -1712,27 +2040,27 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
       if (t.ok()) up.push_back(*t);
       else st = t.status();
     };
-    h2d(dw, hptr(w, off, 4), c * 4);
-    h2d(dm, hptr(m, off, 4), c * 4);
-    h2d(dv, hptr(v, off, 4), c * 4);
-    if (host_grad) h2d(dg, static_cast<const char*>(g.data) + off * gs, c * gs);
+    h2d(dw, hw + off * 4, c * 4);
+    h2d(dm, hm + off * 4, c * 4);
+    h2d(dv, hv + off * 4, c * 4);
+    if (host_grad) h2d(dg, g + off * gs, c * gs);
     optim::AdamShard a;
     a.n = c;
     a.master = dw;
     a.exp_avg = dm;
     a.exp_avg_sq = dv;
-    a.grad = host_grad ? static_cast<const void*>(dg) : static_cast<const char*>(g.data) + off * gs;
+    a.grad = host_grad ? static_cast<const void*>(dg) : g + off * gs;
     a.grad_dtype = grad_dtype;
-    a.param_out = static_cast<char*>(p->data) + off * ps;
+    a.param_out = p + off * ps;
     a.param_out_dtype = dtype;
     if (cuda()) {
       for (const CopyTicket& t : up)
         if (st.ok()) st = t.StreamWait(s);
-      if (st.ok()) st = optim::GpuAdamStep(a, j.hyper, j.grad_multiplier, s);
+      if (st.ok()) st = optim::GpuAdamStep(a, j.hyper, how.multiplier, s);
     } else {
       for (const CopyTicket& t : up)
         if (st.ok()) st = t.Wait();
-      if (st.ok()) st = adam->Step(a, j.hyper, {j.grad_multiplier, false}).status();
+      if (st.ok()) st = adam->Step(a, j.hyper, {how.multiplier, false}).status();
     }
     CopyAfter after;
     after.stream = s;
@@ -1742,9 +2070,9 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
       if (t.ok()) sl.down.push_back(*t);
       else st = t.status();
     };
-    d2h(hptr(w, off, 4), dw, c * 4);
-    d2h(hptr(m, off, 4), dm, c * 4);
-    d2h(hptr(v, off, 4), dv, c * 4);
+    d2h(ow + off * 4, dw, c * 4);
+    d2h(om + off * 4, dm, c * 4);
+    d2h(ov + off * 4, dv, c * 4);
   }
   // The shard's state is home (each download follows its chunk's update,
   // so the parameters are written too) before anyone else may touch it.
@@ -1757,16 +2085,10 @@ Status Trainer::Impl::AssistShard(Shard& sh, const OptJob& j) {
   }
   // Every pin is released whatever failed; the first error is reported.
   const bool written = st.ok();
-  auto release = [&](bool held, TensorId id, TierKind tier, bool dirty) {
-    if (!held) return;
-    Status r = store->Release(id, tier, dirty, nullptr);
+  for (const Pin& pn : pins) {
+    Status r = store->Release(pn.id, pn.tier, pn.out && written, nullptr);
     if (st.ok()) st = r;
-  };
-  release(true, sh.g, gtier, false);
-  release(w.ok(), sh.w, TierKind::kHost, written);
-  release(m.ok(), sh.m, TierKind::kHost, written);
-  release(v.ok(), sh.v, TierKind::kHost, written);
-  release(p.ok(), sh.p, TierKind::kGpu, written);
+  }
   return st;
 }
 
@@ -1824,6 +2146,15 @@ Status Trainer::Impl::ForwardEval(int64_t batches, double* mean) {
 
 // ---- Trainer --------------------------------------------------------------------------
 
+const char* SpeculationName(Speculation s) {
+  switch (s) {
+    case Speculation::kNone: return "none";
+    case Speculation::kCommitted: return "committed";
+    case Speculation::kMissed: return "missed";
+  }
+  return "?";
+}
+
 Trainer::Trainer() : impl_(std::make_unique<Impl>()) {}
 
 Trainer::~Trainer() {
@@ -1860,7 +2191,7 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   }
   uint64_t host = options.host_memory_limit ? options.host_memory_limit : HostAvailableBytes() / 10 * 8;
   PlanInputs in;
-  RETURN_IF_ERROR(MakePlanInputs(cfg, g, dtype, block, head, gpu, host, &in));
+  RETURN_IF_ERROR(MakePlanInputs(cfg, g, dtype, block, head, gpu, host, WantsSpeculativeState(cfg, options), &in));
   ASSIGN_OR_RETURN(Plan p, MakePlan(in));
   std::ostringstream os;
   os << "model: " << g.n_layer << " layers, d " << g.n_embd << ", " << g.n_head << " heads, vocab " << g.vocab_size
@@ -1869,7 +2200,7 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   os << "batch: micro " << cfg.micro_batch << " x accumulation " << cfg.grad_accum << " = " << cfg.train_batch_size
      << " sequences per step\n";
   os << p.Table(gpu, host);
-  os << "optimizer update: " << UpdateModeFor(cfg, p, g.n_layer + 2, options.optimizer_after_backward).why << "\n";
+  os << "optimizer update: " << UpdateModeFor(cfg, p, g.n_layer + 2, options, host).why << "\n";
   return os.str();
 }
 
@@ -1906,6 +2237,8 @@ TrainerInfo Trainer::Info() const {
       t.optimizer_gpu_params += static_cast<uint64_t>(sh.numel);
     }
   t.optimizer_during_backward = I.streaming;
+  t.optimizer_speculative = I.speculative;
+  t.speculative_bytes = I.speculative ? I.plan.speculative_bytes : 0;
   t.optimizer_update = I.update_mode;
   if (I.cuda()) {
     auto info = QueryGpu(0);
@@ -1978,16 +2311,20 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   // batch-major: one pass per micro-batch (forward, head, backward).
   const int64_t per = layer_major ? A : 1;
   OptJob job_now;  // the job this step posts
+  const bool speculate = SpeculateNow();
+  last_clip_one = false;  // until this step succeeds with a clip coefficient of 1
   for (int64_t a0 = 0; a0 < A; a0 += per) {
     double f0 = a0 == 0 ? t0 : Now();  // the first forward counts the step's input checks and copies
     RETURN_IF_ERROR(Forward(a0, a0 + per, &wait));
     if (cfg.wall_clock_breakdown) RETURN_IF_ERROR(backend->Synchronize());
     fwd_s += Now() - f0;
-    if (streaming && a0 + per >= A) {
+    if ((streaming || speculate) && a0 + per >= A) {
       // The update runs during the backward's last pass, each shard as its
       // gradient is final, with the multiplier it would have after it: no
-      // clipping, a static scale (UpdateModeFor).
+      // clipping and a static scale (UpdateModeFor), or, speculating, a
+      // clip coefficient of 1, which the verdict below checks.
       job_now = MakeJob(next, lr, optim::GradMultiplier(scale, 1.0), true);
+      job_now.speculative = speculate;
       RETURN_IF_ERROR(PostJob(job_now));
       job_in_backward = true;
     }
@@ -2036,7 +2373,29 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   r.grad_norm = optim::GlobalGradNorm(gs, scale);
   r.loss_scale = scale;
 
-  if (job_in_backward) {
+  const double clip = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
+  if (job_in_backward && job_now.speculative) {
+    if (overflow) {
+      // Nothing is committed: the speculated shards wrote only their other
+      // sets, and StepWith's AbortJob restores the parameters they wrote.
+      // The state stays the last step's, so the error does not stick.
+      return FailedPrecondition(
+          "non-finite gradients at step " + std::to_string(next) + " (loss " + std::to_string(r.loss) +
+          "); with bf16/fp32 (or a static fp16 loss scale) there is no loss scale to lower: lower the learning "
+          "rate or check the data. The update was speculative and nothing of it was committed: the state is "
+          "step " + std::to_string(step) + "'s");
+    }
+    // A hit needs the very multiplier the updates assumed: a clip
+    // coefficient of exactly 1, the norm within gradient_clipping.
+    const double multiplier = optim::GradMultiplier(scale, clip);
+    const bool hit = clip == 1.0 && multiplier == job_now.grad_multiplier;
+    RETURN_IF_ERROR(scaler->Update(false));
+    GiveVerdict(next, hit, multiplier);
+    job_now.grad_multiplier = multiplier;  // for the GPU-state prefix
+    r.speculation = hit ? Speculation::kCommitted : Speculation::kMissed;
+    step = next;
+    job_in_backward = false;
+  } else if (job_in_backward) {
     if (overflow) {
       // Some shards may hold this step's update already (never one whose own
       // gradient is non-finite: CheckFinite). Which ones is settled once the
@@ -2062,17 +2421,17 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
                                 "); with bf16/fp32 there is no loss scale to lower: lower the learning rate or "
                                 "check the data");
     } else {
-      const double clip = optim::ClipCoefficient(r.grad_norm, cfg.gradient_clipping);
       job_now = MakeJob(next, lr, optim::GradMultiplier(scale, clip), false);
     }
     RETURN_IF_ERROR(scaler->Update(overflow));
     RETURN_IF_ERROR(PostJob(job_now));
     step = next;
   }
+  last_clip_one = !overflow && clip == 1.0;
   RETURN_IF_ERROR(UpdateGpuPrefix(job_now));
   // Parameters the update has written already start up now (counted in the
   // next step, as they are used there).
-  if (streaming) RETURN_IF_ERROR(prefetcher->Poll());
+  if (job_now.streaming) RETURN_IF_ERROR(prefetcher->Poll());
 
   r.step = step;
   r.tokens = A * B * T;
@@ -2192,7 +2551,7 @@ Status Trainer::Run(std::ostream& out) {
   }
   const int64_t every = std::max<int64_t>(1, I.cfg.steps_per_print);
   double window_s = 0;
-  int64_t window_tokens = 0;
+  int64_t window_tokens = 0, window_steps = 0, window_committed = 0, window_missed = 0;
   StepReport agg;
   while (I.step < total) {
     if (Status files = I.CheckSwapFiles(); !files.ok()) {
@@ -2208,6 +2567,9 @@ Status Trainer::Run(std::ostream& out) {
     ASSIGN_OR_RETURN(StepReport r, Step());
     window_s += r.seconds;
     window_tokens += r.tokens;
+    ++window_steps;
+    window_committed += r.speculation == Speculation::kCommitted;
+    window_missed += r.speculation == Speculation::kMissed;
     agg.forward_s += r.forward_s, agg.backward_s += r.backward_s, agg.wait_s += r.wait_s;
     agg.optimizer_s += r.optimizer_s;
     agg.h2d += r.h2d, agg.d2h += r.d2h, agg.nvme_read += r.nvme_read, agg.nvme_write += r.nvme_write;
@@ -2232,6 +2594,11 @@ Status Trainer::Run(std::ostream& out) {
              << Fixed(agg.optimizer_s, 2) << "s";
       if (I.assist) line << " (" << Fixed(100 * r.optimizer_gpu_share, 0) << "% on the GPU)";
       if (I.cfg.wall_clock_breakdown) line << " wait " << Fixed(agg.wait_s, 2) << "s";
+      if (I.speculative) {
+        // Of the steps since the last line, how many speculated, and with what outcome.
+        line << " | speculative " << window_committed + window_missed << "/" << window_steps << " ("
+             << window_committed << " committed, " << window_missed << " missed)";
+      }
       line << " | H2D " << FormatBytes(agg.h2d) << " D2H " << FormatBytes(agg.d2h);
       if (agg.nvme_read || agg.nvme_write)
         line << " NVMe r " << FormatBytes(agg.nvme_read) << " w " << FormatBytes(agg.nvme_write);
@@ -2243,6 +2610,9 @@ Status Trainer::Run(std::ostream& out) {
         nlohmann::json j = {{"step", r.step},          {"loss", r.loss},
                             {"lr", r.lr},              {"loss_scale", r.loss_scale},
                             {"skipped", r.skipped},    {"grad_norm", r.grad_norm},
+                            {"speculation", SpeculationName(r.speculation)},
+                            {"speculation_committed", window_committed},
+                            {"speculation_missed", window_missed},
                             {"tokens_per_s", tps},     {"tflops", flops / 1e12},
                             {"mfu", I.peak_flops > 0 ? flops / I.peak_flops : 0},
                             {"forward_s", agg.forward_s}, {"backward_s", agg.backward_s},
@@ -2256,7 +2626,7 @@ Status Trainer::Run(std::ostream& out) {
         json.flush();
       }
       window_s = 0;
-      window_tokens = 0;
+      window_tokens = window_steps = window_committed = window_missed = 0;
       agg = StepReport{};
     }
     if (I.cfg.trainer.eval_interval > 0 && r.step % I.cfg.trainer.eval_interval == 0 && I.data->val_tokens()) {

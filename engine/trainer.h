@@ -27,8 +27,24 @@
 //             the last block ... block 0, the embedding last: it is tied to
 //             the head) as soon as each one's gradient is final and home.
 //             The GPU-state prefix of offload_optimizer.ratio < 1 is still
-//             updated right after the backward. The plan table and the log
-//             say which mode runs and why (TrainerInfo::optimizer_update);
+//             updated right after the backward.
+//             With gradient clipping (bf16, fp32 or a static fp16 scale) and
+//             the offloaded state on the host, the update runs during the
+//             backward on speculation: it assumes the clip coefficient will
+//             be 1 (the norm within the threshold, as it usually is once
+//             training settles) and writes each shard's new master/m/v into
+//             a second set, leaving the current one untouched. When the
+//             backward ends and the norm is known, a hit commits (the sets
+//             swap, nothing is copied) and a miss redoes the speculated
+//             shards from their untouched state with the true multiplier.
+//             Either way the result is the post-backward update's, bit for
+//             bit. A step speculates when the last one's norm was within the
+//             threshold (StepReport::speculation says what became of it).
+//             The second set costs 12 B per offloaded parameter of host
+//             memory; the plan counts it, and without room the update runs
+//             after the backward.
+//             The plan table and the log say which mode runs and why
+//             (TrainerInfo::optimizer_update);
 //             TrainOptions::optimizer_after_backward forces the first.
 //
 // Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
@@ -84,12 +100,27 @@ struct TrainOptions {
   // during the backward the shards taken before it may already be updated
   // (the error says so; the last checkpoint is the one to resume from).
   bool optimizer_after_backward = false;
+  // With gradient clipping, update during the backward on speculation
+  // (trainer.h's header comment) when the plan has host room for the second
+  // set; false: after the backward, as without room. Same bits either way.
+  bool speculative_update = true;
+  // Tests: speculate at every step, the first and those after a clipped one
+  // included (so that misses happen).
+  bool speculate_every_step = false;
   // Tests: a NaN is put into shard `inject_nonfinite_shard`'s gradient
   // ("emb", "blk<l>", "lnf") as it is finished in optimizer step
   // `inject_nonfinite_step` (1-based).
   std::string inject_nonfinite_shard;
   int64_t inject_nonfinite_step = 0;
 };
+
+// What became of a step's speculative update (TrainOptions::speculative_update).
+enum class Speculation : uint8_t {
+  kNone,       // the step did not speculate (the update ran after the backward, or during it without clipping)
+  kCommitted,  // it did, and the norm was within the threshold: the speculated update was kept
+  kMissed,     // it did, the norm was clipped: the speculated shards were redone with the true multiplier
+};
+const char* SpeculationName(Speculation s);  // "none", "committed", "missed"
 
 struct StepReport {
   int64_t step = 0;            // optimizer steps taken after this one
@@ -98,6 +129,7 @@ struct StepReport {
   double loss_scale = 1;
   double grad_norm = 0;        // unscaled global L2 norm, before clipping
   bool skipped = false;        // fp16 overflow: no update
+  Speculation speculation = Speculation::kNone;  // this step's update
   int64_t tokens = 0;
   double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
   // optimizer_s: the previous step's update, from its job's posting (after
@@ -146,7 +178,13 @@ struct TrainerInfo {
   // When the offloaded optimizer state is updated, and why: "during backward
   // (no clipping, bf16)", "after backward (gradient_clipping 1.0 needs the
   // global norm)", ... (trainer.h's header comment, "optimizer").
+  // during_backward: every step's update runs during the backward (no
+  // clipping); speculative: with clipping, the steps after one whose norm
+  // was within the threshold speculate (trainer.h's header comment), and a
+  // second fp32 master/m/v of `speculative_bytes` is held on the host.
   bool optimizer_during_backward = false;
+  bool optimizer_speculative = false;
+  uint64_t speculative_bytes = 0;
   std::string optimizer_update;
 };
 

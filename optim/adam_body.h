@@ -80,18 +80,36 @@ struct Consts {
         has_decay(c.neg_lr_decay != 0.f) {}
 };
 
+// Where one vector's operands live: the state read (master, m, v, grad) and
+// where the results go (the same arrays in place, others out of place).
+struct AdamPtrs {
+  const float* master;
+  const void* exp_avg;
+  const void* exp_avg_sq;
+  const void* grad;
+  float* master_out;
+  void* exp_avg_out;
+  void* exp_avg_sq_out;
+  void* out;
+};
+
+inline AdamPtrs PtrsOf(const AdamTile& t) {
+  return {t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.master_out, t.exp_avg_out, t.exp_avg_sq_out, t.out};
+}
+
 // One vector of kLanes elements starting at index i. The operation sequence is
 // the contract of kernels/adam_gpu.h (AdamCoefficients); the GPU kernel
-// (kernels/cuda/adam.cu) repeats it with __fmaf_rn & co.
-template <class V, Kind G, Kind S, Kind O, bool kStream>
-inline uint64_t AdamVector(const Consts<V>& k, float* master, void* exp_avg, void* exp_avg_sq,
-                           const void* grad, void* out, size_t i) {
+// (kernels/cuda/adam.cu) repeats it with __fmaf_rn & co. kStream: the copy
+// goes out with non-temporal stores; kStreamState: the new master, m and v
+// too (out of place).
+template <class V, Kind G, Kind S, Kind O, bool kStream, bool kStreamState>
+inline uint64_t AdamVector(const Consts<V>& k, const AdamPtrs& a, size_t i) {
   using F = typename V::F;
-  F g = LoadAs<V, G>(grad, i);
+  F g = LoadAs<V, G>(a.grad, i);
   uint64_t nonfinite = V::CountNonFinite(g);
-  F p = V::LoadF32(master + i);
-  F m = LoadAs<V, S>(exp_avg, i);
-  F v = LoadAs<V, S>(exp_avg_sq, i);
+  F p = V::LoadF32(a.master + i);
+  F m = LoadAs<V, S>(a.exp_avg, i);
+  F v = LoadAs<V, S>(a.exp_avg_sq, i);
   g = V::Mul(g, k.grad_scale);
   if (k.has_l2) g = V::Fma(p, k.l2_decay, g);
   m = V::Fma(g, k.one_minus_beta1, V::Mul(m, k.beta1));
@@ -100,10 +118,10 @@ inline uint64_t AdamVector(const Consts<V>& k, float* master, void* exp_avg, voi
   F u = V::Div(m, d);
   if (k.has_decay) p = V::Fma(p, k.neg_lr_decay, p);
   p = V::Fma(u, k.neg_step_size, p);
-  V::StoreF32(master + i, p);
-  StoreAs<V, S, false>(exp_avg, i, m);
-  StoreAs<V, S, false>(exp_avg_sq, i, v);
-  if constexpr (O != Kind::kNone) StoreAs<V, O, kStream>(out, i, p);
+  StoreAs<V, Kind::kF32, kStreamState>(a.master_out, i, p);
+  StoreAs<V, S, kStreamState>(a.exp_avg_out, i, m);
+  StoreAs<V, S, kStreamState>(a.exp_avg_sq_out, i, v);
+  if constexpr (O != Kind::kNone) StoreAs<V, O, kStream>(a.out, i, p);
   return nonfinite;
 }
 
@@ -123,8 +141,9 @@ inline void PrefetchLines(const void* p, size_t d) {
 // of every read stream t.prefetch_bytes ahead; the copy (written, never
 // read) is not prefetched. The order of the arithmetic is the same either
 // way: element by element, kLanes at a time.
-template <class V, Kind G, Kind S, Kind O, bool kStream, int kLocality>
+template <class V, Kind G, Kind S, Kind O, bool kStream, bool kStreamState, int kLocality>
 inline uint64_t AdamLoop(const Consts<V>& k, const AdamTile& t, size_t end) {
+  const AdamPtrs a = PtrsOf(t);
   uint64_t nonfinite = 0;
   size_t i = 0;
   if constexpr (kLocality >= 0) {
@@ -143,19 +162,24 @@ inline uint64_t AdamLoop(const Consts<V>& k, const AdamTile& t, size_t end) {
       PrefetchLines<kLocality, kGroup * ss>(static_cast<const unsigned char*>(t.exp_avg_sq) + i * ss, d);
       PrefetchLines<kLocality, kGroup * gs>(static_cast<const unsigned char*>(t.grad) + i * gs, d);
       for (size_t j = i; j < i + kGroup; j += V::kLanes)
-        nonfinite += AdamVector<V, G, S, O, kStream>(k, t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.out, j);
+        nonfinite += AdamVector<V, G, S, O, kStream, kStreamState>(k, a, j);
     }
   }
-  for (; i < end; i += V::kLanes)
-    nonfinite += AdamVector<V, G, S, O, kStream>(k, t.master, t.exp_avg, t.exp_avg_sq, t.grad, t.out, i);
+  for (; i < end; i += V::kLanes) nonfinite += AdamVector<V, G, S, O, kStream, kStreamState>(k, a, i);
   return nonfinite;
 }
 
-template <class V, Kind G, Kind S, Kind O, bool kStream>
+template <class V, Kind G, Kind S, Kind O, bool kStream, bool kStreamState>
 inline uint64_t AdamLoopPrefetch(const Consts<V>& k, const AdamTile& t, size_t end) {
-  if (t.prefetch_bytes == 0) return AdamLoop<V, G, S, O, kStream, -1>(k, t, end);
-  if (t.prefetch_hint == kPrefetchL1) return AdamLoop<V, G, S, O, kStream, 3>(k, t, end);
-  return AdamLoop<V, G, S, O, kStream, 1>(k, t, end);
+  if (t.prefetch_bytes == 0) return AdamLoop<V, G, S, O, kStream, kStreamState, -1>(k, t, end);
+  if (t.prefetch_hint == kPrefetchL1) return AdamLoop<V, G, S, O, kStream, kStreamState, 3>(k, t, end);
+  return AdamLoop<V, G, S, O, kStream, kStreamState, 1>(k, t, end);
+}
+
+template <class V, Kind G, Kind S, Kind O, bool kStreamState>
+inline uint64_t AdamLoopStream(const Consts<V>& k, const AdamTile& t, size_t end) {
+  if (O != Kind::kNone && t.stream_out) return AdamLoopPrefetch<V, G, S, O, true, kStreamState>(k, t, end);
+  return AdamLoopPrefetch<V, G, S, O, false, kStreamState>(k, t, end);
 }
 
 template <class V, Kind G, Kind S, Kind O>
@@ -164,10 +188,10 @@ uint64_t AdamTileImpl(const AdamTile& t) {
   const Consts<V> k(*t.c);
   const size_t full = t.n - t.n % L;
   uint64_t nonfinite = 0;
-  if (O != Kind::kNone && t.stream_out)
-    nonfinite += AdamLoopPrefetch<V, G, S, O, true>(k, t, full);
+  if (t.stream_state)
+    nonfinite += AdamLoopStream<V, G, S, O, true>(k, t, full);
   else
-    nonfinite += AdamLoopPrefetch<V, G, S, O, false>(k, t, full);
+    nonfinite += AdamLoopStream<V, G, S, O, false>(k, t, full);
   if constexpr (L > 1) {
     // The last n % L elements: copied into zero-padded vectors, run through the
     // same vector code, copied back (padding lanes are finite and discarded).
@@ -185,19 +209,18 @@ uint64_t AdamTileImpl(const AdamTile& t) {
       std::memcpy(m, static_cast<const unsigned char*>(t.exp_avg) + full * ss, rem * ss);
       std::memcpy(v, static_cast<const unsigned char*>(t.exp_avg_sq) + full * ss, rem * ss);
       std::memcpy(g, static_cast<const unsigned char*>(t.grad) + full * gs, rem * gs);
-      nonfinite += AdamVector<V, G, S, O, false>(k, p, m, v, g, o, 0);
-      std::memcpy(t.master + full, p, rem * 4);
-      std::memcpy(static_cast<unsigned char*>(t.exp_avg) + full * ss, m, rem * ss);
-      std::memcpy(static_cast<unsigned char*>(t.exp_avg_sq) + full * ss, v, rem * ss);
+      const AdamPtrs tmp{p, m, v, g, p, m, v, o};  // in place on the copies
+      nonfinite += AdamVector<V, G, S, O, false, false>(k, tmp, 0);
+      std::memcpy(t.master_out + full, p, rem * 4);
+      std::memcpy(static_cast<unsigned char*>(t.exp_avg_out) + full * ss, m, rem * ss);
+      std::memcpy(static_cast<unsigned char*>(t.exp_avg_sq_out) + full * ss, v, rem * ss);
       if constexpr (O != Kind::kNone)
         std::memcpy(static_cast<unsigned char*>(t.out) + full * os, o, rem * os);
     }
   }
   // Non-temporal stores are weakly ordered: fence before the tile is reported
   // done, so whoever learns of the completion (through the task join) sees them.
-  if constexpr (O != Kind::kNone) {
-    if (t.stream_out) V::StoreFence();
-  }
+  if ((O != Kind::kNone && t.stream_out) || t.stream_state) V::StoreFence();
   return nonfinite;
 }
 

@@ -19,15 +19,23 @@ namespace strata::optim::internal {
 // element, n elements.
 struct AdamTile {
   const kernels::AdamCoefficients* c;
-  float* master;     // (n)
-  void* exp_avg;     // (n) state dtype
-  void* exp_avg_sq;  // (n) state dtype
-  const void* grad;  // (n) grad dtype
-  void* out;         // (n) out dtype, or nullptr
+  const float* master;     // (n) read
+  const void* exp_avg;     // (n) state dtype, read
+  const void* exp_avg_sq;  // (n) state dtype, read
+  const void* grad;        // (n) grad dtype
+  void* out;               // (n) out dtype, or nullptr
+  // Where the new master, m and v go: the three above (in place) or other
+  // arrays of the same dtypes, not overlapping anything (out of place).
+  float* master_out;       // (n)
+  void* exp_avg_out;       // (n) state dtype
+  void* exp_avg_sq_out;    // (n) state dtype
   size_t n;
   // The copy may be written with non-temporal stores: `out` is 64-byte
   // aligned and n is a multiple of 64 or this is the shard's last tile.
   bool stream_out;
+  // The same for the three state outputs (out of place only: a line read
+  // in place is written back in place).
+  bool stream_state;
   // Software prefetch (CpuAdam::Options::prefetch_bytes): every read stream
   // (master, m, v, grad) is prefetched this many bytes ahead of where the
   // loop reads it, one prefetch per cache line; 0: none. A multiple of 64.

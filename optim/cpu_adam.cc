@@ -198,6 +198,15 @@ Status AdamShard::Validate() const {
   RETURN_IF_ERROR(CheckArray("exp_avg_sq", exp_avg_sq, state_dtype, n));
   RETURN_IF_ERROR(CheckArray("grad", grad, grad_dtype, n));
   if (param_out != nullptr) RETURN_IF_ERROR(CheckArray("param_out", param_out, param_out_dtype, n));
+  const int outs = (master_out != nullptr) + (exp_avg_out != nullptr) + (exp_avg_sq_out != nullptr);
+  if (outs != 0 && outs != 3)
+    return InvalidArgument("AdamShard.master_out, exp_avg_out and exp_avg_sq_out are set together (out of place) "
+                           "or not at all (in place); got " + std::to_string(outs) + " of them");
+  if (outs == 3) {
+    RETURN_IF_ERROR(CheckArray("master_out", master_out, DType::kF32, n));
+    RETURN_IF_ERROR(CheckArray("exp_avg_out", exp_avg_out, state_dtype, n));
+    RETURN_IF_ERROR(CheckArray("exp_avg_sq_out", exp_avg_sq_out, state_dtype, n));
+  }
   struct Range {
     const char* name;
     uintptr_t begin, end;
@@ -212,6 +221,14 @@ Status AdamShard::Validate() const {
   if (param_out != nullptr)
     r.push_back({"param_out", reinterpret_cast<uintptr_t>(param_out),
                  reinterpret_cast<uintptr_t>(param_out) + n * DTypeSize(param_out_dtype)});
+  if (outs == 3) {
+    const size_t ss = DTypeSize(state_dtype);
+    r.push_back({"master_out", reinterpret_cast<uintptr_t>(master_out), reinterpret_cast<uintptr_t>(master_out) + n * 4});
+    r.push_back({"exp_avg_out", reinterpret_cast<uintptr_t>(exp_avg_out),
+                 reinterpret_cast<uintptr_t>(exp_avg_out) + n * ss});
+    r.push_back({"exp_avg_sq_out", reinterpret_cast<uintptr_t>(exp_avg_sq_out),
+                 reinterpret_cast<uintptr_t>(exp_avg_sq_out) + n * ss});
+  }
   for (size_t i = 0; i < r.size(); ++i)
     for (size_t j = i + 1; j < r.size(); ++j)
       if (r[i].begin < r[j].end && r[j].begin < r[i].end)
@@ -347,38 +364,57 @@ Result<AdamStepResult> CpuAdam::Step(const AdamShard& s, const AdamHyper& hyper,
                                                     [s.param_out ? OutIndex(s.param_out_dtype) : internal::kOutNone];
   const size_t ss = DTypeSize(s.state_dtype), gs = DTypeSize(s.grad_dtype);
   const size_t os = s.param_out ? DTypeSize(s.param_out_dtype) : 0;
-  auto tile = [&](size_t begin, size_t len, bool stream) {
+  // In place the results go back where they were read.
+  const bool oop = s.out_of_place();
+  float* const master_out = oop ? s.master_out : s.master;
+  void* const m_out = oop ? s.exp_avg_out : s.exp_avg;
+  void* const v_out = oop ? s.exp_avg_sq_out : s.exp_avg_sq;
+  auto tile = [&](size_t begin, size_t len, bool stream_out, bool stream_state) {
     internal::AdamTile t;
     t.c = &c;
     t.master = s.master + begin;
-    t.exp_avg = static_cast<unsigned char*>(s.exp_avg) + begin * ss;
-    t.exp_avg_sq = static_cast<unsigned char*>(s.exp_avg_sq) + begin * ss;
+    t.exp_avg = static_cast<const unsigned char*>(s.exp_avg) + begin * ss;
+    t.exp_avg_sq = static_cast<const unsigned char*>(s.exp_avg_sq) + begin * ss;
     t.grad = static_cast<const unsigned char*>(s.grad) + begin * gs;
     t.out = s.param_out ? static_cast<unsigned char*>(s.param_out) + begin * os : nullptr;
+    t.master_out = master_out + begin;
+    t.exp_avg_out = static_cast<unsigned char*>(m_out) + begin * ss;
+    t.exp_avg_sq_out = static_cast<unsigned char*>(v_out) + begin * ss;
     t.n = len;
-    t.stream_out = stream;
+    t.stream_out = stream_out;
+    t.stream_state = stream_state;
     t.prefetch_bytes = prefetch_bytes_;
     t.prefetch_n = s.n - begin;
     t.prefetch_hint = prefetch_hint_ == PrefetchHint::kL1 ? internal::kPrefetchL1 : internal::kPrefetchL2;
     return fn(t);
   };
-  // Elements before the copy's first 64-byte boundary go through a plain-store
-  // tile; from there on every vector store of the copy is aligned and may be
-  // non-temporal. (Elementwise: where the tiles start changes no result.)
+  // Elements before the first 64-byte boundary of the leading output (out of
+  // place the new master, else the copy) go through a plain-store tile; from
+  // there on every tile starts 64-byte aligned in each output that was
+  // aligned like the leader (tiles are multiples of 64 elements), whose
+  // vector stores may then be non-temporal. Outputs aligned otherwise get
+  // plain stores. (Elementwise: where the tiles start changes no result.)
   size_t head = 0;
-  if (s.param_out) {
-    size_t mis = reinterpret_cast<uintptr_t>(s.param_out) % 64;
-    head = mis ? (64 - mis) / os : 0;
+  const void* lead = oop ? static_cast<const void*>(s.master_out) : s.param_out;
+  if (lead) {
+    const size_t les = oop ? 4 : os;
+    size_t mis = reinterpret_cast<uintptr_t>(lead) % 64;
+    head = mis ? (64 - mis) / les : 0;
     if (head > s.n) head = s.n;
   }
-  uint64_t nonfinite = head ? tile(0, head, false) : 0;
+  auto aligned_after_head = [&](const void* p, size_t es) {
+    return (reinterpret_cast<uintptr_t>(p) + head * es) % 64 == 0;
+  };
+  const bool stream_out = s.param_out != nullptr && aligned_after_head(s.param_out, os);
+  const bool stream_state = oop && aligned_after_head(s.master_out, 4) && aligned_after_head(s.exp_avg_out, ss) &&
+                            aligned_after_head(s.exp_avg_sq_out, ss);
+  uint64_t nonfinite = head ? tile(0, head, false, false) : 0;
   const size_t body = s.n - head, T = tile_elems_;
   const size_t ntiles = (body + T - 1) / T;
-  const bool stream = s.param_out != nullptr;
   nonfinite += impl_->ForEachTile(ntiles, threads_, [&](size_t t) {
     size_t begin = head + t * T;
     size_t len = t + 1 == ntiles ? s.n - begin : T;
-    return tile(begin, len, stream);
+    return tile(begin, len, stream_out, stream_state);
   });
   result.nonfinite_grads = nonfinite;
   return result;

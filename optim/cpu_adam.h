@@ -81,24 +81,41 @@
 //    Step, and skips the step on overflow: then no state has been touched.
 //  - Step with AdamStepOptions::skip_on_nonfinite = true first scans the
 //    shard's gradient (2-4 bytes/param more traffic) and, if any value is
-//    non-finite, returns {skipped = true} having written nothing at all.
+//    non-finite, returns {skipped = true} having written nothing at all
+//    (out of place: nor the outputs).
 //  - Step without it always updates everything and reports the number of
 //    non-finite gradient values it met (AdamStepResult::nonfinite_grads);
 //    the state of those elements then holds Inf/NaN.
 // Values are counted before the multiplier is applied.
+//
+// ## In place or out of place
+//
+// By default master, m and v are updated in place. With AdamShard's
+// master_out / exp_avg_out / exp_avg_sq_out set, the pass reads the old state
+// and writes the new one there instead, leaving the inputs untouched (the
+// engine's speculative update keeps two sets and commits one by swapping
+// them: engine/trainer.cc). The arithmetic is the same, so the results are
+// bitwise the in-place ones, on every path and thread count.
 //
 // ## Memory traffic per parameter (what one Step moves)
 //
 //   master fp32 read+write 8, m and v read+write 16 (fp32) or 8 (bf16),
 //   gradient read 4/2, parameter copy written 2/4 (non-temporal stores: no
 //   read for ownership). fp32 state + fp16 grad + fp16 copy = 28 bytes.
-//   (AdamBytesPerParam computes it.)
+//   (AdamBytesPerParam computes it.) Out of place the same: the old state is
+//   read and the new one written with non-temporal stores, so the outputs
+//   cost no read for ownership. (That needs the three new-state arrays
+//   aligned alike, as 64-byte-aligned buffers are: after the elements up to
+//   the new master's first 64-byte boundary, each must be at one too;
+//   otherwise they get plain stores: the same results, and then a read for
+//   ownership too.)
 //
 // ## Reaching the memory roof: what the pass does, what the caller does
 //
 // The pass is bandwidth-bound: 8 streams per thread (4 read, 3 written in
-// place, 1 written non-temporally). What decides how much of the machine's
-// bandwidth it gets, besides the code:
+// place, 1 written non-temporally; out of place 4 read, 4 written
+// non-temporally). What decides how much of the machine's bandwidth it gets,
+// besides the code:
 //  - Pages: with 4 KiB pages each stream crosses a page every 64 lines (dTLB
 //    misses, and the L2 streamer stops at every page boundary). Allocate the
 //    arrays 2 MiB-aligned with MADV_HUGEPAGE before first touch:
@@ -156,27 +173,38 @@ struct AdamHyper {
 Result<kernels::AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, double grad_scale);
 
 // One shard in host memory. All arrays hold n elements, are naturally aligned
-// for their dtype and do not overlap. Writing the copy with non-temporal
-// stores needs nothing from the caller (the pass aligns itself), but pinned,
-// page-aligned buffers are what the upload wants anyway.
+// for their dtype and do not overlap. Writing the copy (and, out of place,
+// the new state) with non-temporal stores needs nothing from the caller (the
+// pass aligns itself), but pinned, page-aligned buffers are what the upload
+// wants anyway.
 struct AdamShard {
   size_t n = 0;
-  float* master = nullptr;              // (n) fp32 master weights, updated in place
-  void* exp_avg = nullptr;              // (n) state_dtype: first moment m, in place
-  void* exp_avg_sq = nullptr;           // (n) state_dtype: second moment v, in place
+  float* master = nullptr;              // (n) fp32 master weights, updated in place (or read only: out of place)
+  void* exp_avg = nullptr;              // (n) state_dtype: first moment m, in place (or read only)
+  void* exp_avg_sq = nullptr;           // (n) state_dtype: second moment v, in place (or read only)
   DType state_dtype = DType::kF32;      // kF32, or kBF16 to halve the state traffic
   const void* grad = nullptr;           // (n) grad_dtype, read only
   DType grad_dtype = DType::kF32;       // kF32, kF16 or kBF16
   void* param_out = nullptr;            // (n) param_out_dtype: the new parameters; nullptr: none
   DType param_out_dtype = DType::kF16;  // kF16, kBF16 or kF32
+  // Out of place: all three set, the new master / m / v are written here
+  // (the same dtypes as the inputs) and the inputs above are only read. All
+  // three null: in place.
+  float* master_out = nullptr;          // (n) fp32
+  void* exp_avg_out = nullptr;          // (n) state_dtype
+  void* exp_avg_sq_out = nullptr;       // (n) state_dtype
+
+  bool out_of_place() const { return master_out != nullptr; }
 
   // InvalidArgument naming the field: null pointers (n > 0), unsupported
-  // dtypes, misaligned pointers, param_out overlapping the master.
+  // dtypes, misaligned pointers, some but not all of the *_out state
+  // pointers, any two arrays overlapping.
   Status Validate() const;
 };
 
 // Bytes one Step moves per parameter for this shard's dtypes (see above);
-// `prescan` adds the gradient read of skip_on_nonfinite.
+// `prescan` adds the gradient read of skip_on_nonfinite. The same in place
+// and out of place (aligned outputs: see above).
 size_t AdamBytesPerParam(DType grad, DType state, bool param_out, DType out, bool prescan = false);
 
 struct AdamStepOptions {

@@ -7,6 +7,9 @@ namespace strata::optim {
 Status GpuAdamStep(const AdamShard& s, const AdamHyper& hyper, double grad_scale, void* stream,
                    uint64_t* device_nonfinite_count) {
   RETURN_IF_ERROR(s.Validate());
+  if (s.out_of_place())
+    return InvalidArgument("GpuAdamStep updates in place: AdamShard.master_out / exp_avg_out / exp_avg_sq_out "
+                           "must be null (the out-of-place form is the CPU Adam's)");
   ASSIGN_OR_RETURN(const kernels::AdamCoefficients c, MakeAdamCoefficients(hyper, grad_scale));
   if (s.n == 0) return Status::OK();
   kernels::AdamGpuShard g;

@@ -5,12 +5,17 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
+#include "tiers/bytes.h"
 
 namespace strata::testing {
 
@@ -31,6 +36,23 @@ inline TrainOptions TinyTrainer(int64_t n_layer, int64_t n_embd = 64, int64_t se
   return o;
 }
 
+// The CUDA tests' trainer: 3 blocks of d 128 over 64 tokens, AdamW with
+// weight decay, the optimizer state on the host, gradient clipping at `clip`
+// (0: none).
+inline TrainOptions TinyGpuTrainer(bool bf16, double clip) {
+  TrainOptions o = TinyTrainer(3, 128, 64);
+  Config& c = o.config;
+  c.bf16 = bf16;
+  c.optimizer.weight_decay = 0.1;
+  c.gradient_clipping = clip;
+  c.zero.offload_optimizer.device = "cpu";
+  o.backend = "cuda";
+  // (The limit covers the CUDA context and libraries too: about 0.6 GiB.)
+  o.gpu_memory_limit = 1536 * kMiB;
+  o.host_memory_limit = 1 * kGiB;
+  return o;
+}
+
 // The named parameters of `t` (Trainer::Parameter), in order; an error fails
 // the calling test (ADD_FAILURE) and leaves that entry empty.
 inline std::vector<std::vector<float>> Parameters(Trainer& t, const std::vector<std::string>& names) {
@@ -41,6 +63,80 @@ inline std::vector<std::vector<float>> Parameters(Trainer& t, const std::vector<
     out.push_back(p.ok() ? std::move(p).value() : std::vector<float>{});
   }
   return out;
+}
+
+inline std::string FileBytes(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>());
+}
+
+// What a run gives, for comparing update modes bit for bit (Train).
+struct Outcome {
+  std::vector<StepReport> reports;
+  double val_loss = 0;             // after the last step: uses the parameters the last update wrote
+  std::string model, optimizer;    // the checkpoint's files: master weights, moments
+  TrainerInfo info;
+  std::string plan, log;
+  bool grads_on_host = false;  // (and the parameters streamed)
+};
+
+// `steps` steps of a new trainer, then a checkpoint (which waits for the
+// last update) and a validation loss. Errors fail the calling test and end
+// the run early.
+inline Outcome Train(const TrainOptions& o, int64_t steps) {
+  Outcome out;
+  std::ostringstream log;
+  auto t = Trainer::Create(o, log);
+  EXPECT_OK(t.status());
+  if (!t.ok()) return out;
+  out.plan = (*t)->PlanTable();
+  out.grads_on_host = (*t)->plan().grads == TierKind::kHost && !(*t)->plan().params_resident;
+  for (int64_t i = 0; i < steps; ++i) {
+    auto r = (*t)->Step();
+    EXPECT_OK(r.status()) << "step " << i + 1;
+    if (!r.ok()) return out;
+    out.reports.push_back(*r);
+  }
+  TempDir ck;
+  EXPECT_OK((*t)->Save(ck.path()));  // waits for the last update
+  const std::string step_dir = ck.path() + "/step-" + [&] {
+    char b[16];
+    std::snprintf(b, sizeof b, "%06lld", static_cast<long long>(steps));
+    return std::string(b);
+  }();
+  out.model = FileBytes(step_dir + "/model.safetensors");
+  out.optimizer = FileBytes(step_dir + "/optimizer.safetensors");
+  EXPECT_FALSE(out.model.empty());
+  EXPECT_FALSE(out.optimizer.empty());
+  auto v = (*t)->Evaluate(1);
+  EXPECT_OK(v.status());
+  out.val_loss = v.ok() ? *v : 0;
+  out.info = (*t)->Info();
+  out.log = log.str();
+  return out;
+}
+
+// The same losses, norms, learning rates, validation loss and checkpoint
+// bytes; with `same_bytes` the same PCIe bytes per step too.
+inline void ExpectSameBits(const Outcome& a, const Outcome& b, bool same_bytes) {
+  ASSERT_EQ(a.reports.size(), b.reports.size());
+  for (size_t i = 0; i < a.reports.size(); ++i) {
+    const StepReport& x = a.reports[i];
+    const StepReport& y = b.reports[i];
+    EXPECT_EQ(x.loss, y.loss) << "step " << i + 1;
+    EXPECT_EQ(x.grad_norm, y.grad_norm) << "step " << i + 1;
+    EXPECT_EQ(x.lr, y.lr) << "step " << i + 1;
+    if (same_bytes && i > 0) {
+      // The previous update's copies count in each step whenever they ran.
+      // (Not the first step's: it counts the prefetches that the trainer's
+      // creation starts or not before its counters are read.)
+      EXPECT_EQ(x.h2d, y.h2d) << "step " << i + 1;
+      EXPECT_EQ(x.d2h, y.d2h) << "step " << i + 1;
+    }
+  }
+  EXPECT_EQ(a.val_loss, b.val_loss);
+  EXPECT_TRUE(a.model == b.model) << "master weights differ";
+  EXPECT_TRUE(a.optimizer == b.optimizer) << "moments differ";
 }
 
 }  // namespace strata::testing

@@ -24,19 +24,8 @@ using ::strata::testing::StatusIs;
 using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
 
-TrainOptions TinyGpu(bool bf16) {
-  TrainOptions o = testing::TinyTrainer(3, 128, 64);
-  Config& c = o.config;
-  c.bf16 = bf16;
-  c.optimizer.weight_decay = 0.1;
-  c.gradient_clipping = 0;  // DeepSpeed's default (DefaultConfig has the CLI's 1.0)
-  c.zero.offload_optimizer.device = "cpu";
-  o.backend = "cuda";
-  // (The limit covers the CUDA context and libraries too: about 0.6 GiB.)
-  o.gpu_memory_limit = 1536 * kMiB;
-  o.host_memory_limit = 1 * kGiB;
-  return o;
-}
+// No gradient clipping: DeepSpeed's default (DefaultConfig has the CLI's 1.0).
+TrainOptions TinyGpu(bool bf16) { return testing::TinyGpuTrainer(bf16, 0); }
 
 std::string FileBytes(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
