@@ -91,6 +91,20 @@ void CheckOneStep(const Reference& ref, const TrainOptions& o) {
   ASSERT_OK_AND_ASSIGN(StepReport r1, t->StepWith(tokens.data(), targets.data()));
   EXPECT_NEAR(r1.loss, loss[0], 1e-5 * loss[0]);
 
+  // The global gradient norm (what gradient_clipping compares) is the L2
+  // norm of every reference gradient together: the tied wte counted once,
+  // nothing from the vocabulary padding.
+  double sum_sq = 0;
+  int grads = 0;
+  for (const auto& e : ref.file.entries()) {
+    if (e.name.rfind("grad.", 0) != 0) continue;
+    ASSERT_OK_AND_ASSIGN(auto g, ref.file.ReadF32(e.name));
+    for (float x : g) sum_sq += static_cast<double>(x) * x;
+    ++grads;
+  }
+  EXPECT_EQ(grads, 4 + 12 * ref.config.at("n_layer").get<int>());
+  EXPECT_NEAR(r1.grad_norm, std::sqrt(sum_sq), 1e-5 * std::sqrt(sum_sq));
+
   // Every parameter after one AdamW step. Adam's first step moves each
   // weight by about lr * sign(g), so the fp32 gradients must have the
   // reference's signs; an element whose gradient is within rounding of zero
