@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "optim/cpu_adam.h"
 #include "optim/grad_clip.h"
@@ -44,6 +45,21 @@ Status CheckLossScale(const char* fn, double loss_scale) {
 }  // namespace
 
 extern "C" {
+
+size_t strata_optim_struct_size(const char* name) {
+  if (name == nullptr) return 0;
+  const std::string_view n(name);
+#define STRATA_SIZE(T) \
+  if (n == #T) return sizeof(T)
+  STRATA_SIZE(strata_adam_options);
+  STRATA_SIZE(strata_adam_info);
+  STRATA_SIZE(strata_adam_hyper);
+  STRATA_SIZE(strata_adam_shard);
+  STRATA_SIZE(strata_adam_result);
+  STRATA_SIZE(strata_grad_stats);
+#undef STRATA_SIZE
+  return 0;
+}
 
 const char* strata_isa_name(int isa) {
   if (isa < STRATA_ISA_AUTO || isa > STRATA_ISA_AVX512_BF16) return "?";

@@ -31,6 +31,11 @@ extern "C" {
 
 typedef struct strata_adam strata_adam;
 
+/* sizeof the named struct of this header ("strata_adam_options",
+ * "strata_adam_info", "strata_adam_hyper", "strata_adam_shard",
+ * "strata_adam_result", "strata_grad_stats"); 0 for another name. */
+STRATA_C_API size_t strata_optim_struct_size(const char* name);
+
 typedef enum strata_isa {
   STRATA_ISA_AUTO = 0,        /* the best path this CPU supports */
   STRATA_ISA_SCALAR = 1,

@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "tiers/c_api_internal.h"
 #include "tiers/tier_store.h"
@@ -145,6 +146,23 @@ Status GiveTicket(strata::Result<strata::Ticket> r, strata_ticket** out) {
 extern "C" {
 
 int strata_c_api_version(void) { return STRATA_C_API_VERSION; }
+
+size_t strata_tiers_struct_size(const char* name) {
+  if (name == nullptr) return 0;
+  const std::string_view n(name);
+#define STRATA_SIZE(T) \
+  if (n == #T) return sizeof(T)
+  STRATA_SIZE(strata_error);
+  STRATA_SIZE(strata_store_options);
+  STRATA_SIZE(strata_copy_info);
+  STRATA_SIZE(strata_tensor_info);
+  STRATA_SIZE(strata_tensor_view);
+  STRATA_SIZE(strata_link_stats);
+  STRATA_SIZE(strata_tier_stats);
+  STRATA_SIZE(strata_store_stats);
+#undef STRATA_SIZE
+  return 0;
+}
 
 const char* strata_status_name(int status) {
   if (status < STRATA_OK || status > STRATA_INTERNAL) return "Unknown";
@@ -489,6 +507,11 @@ strata_status strata_store_stats_get(const strata_store* store, strata_store_sta
       o.writebacks = t.writebacks;
       o.writeback_bytes = t.writeback_bytes;
       o.resident = t.resident;
+    }
+    // The nvme tier is not a MemoryTier: its capacity and use come from NvmeStats.
+    if (present[STRATA_TIER_NVME]) {
+      out.tiers[STRATA_TIER_NVME].budget = s.nvme.capacity;
+      out.tiers[STRATA_TIER_NVME].used = s.nvme.used;
     }
     auto link = [](const strata::LinkStats& l) { return strata_link_stats{l.bytes, l.transfers, l.seconds}; };
     out.gpu_to_host = link(s.gpu_to_host);

@@ -67,6 +67,12 @@ extern "C" {
 #define STRATA_C_API_VERSION 1
 STRATA_C_API int strata_c_api_version(void);
 
+/* sizeof the named struct of this header as the library was compiled
+ * ("strata_error", "strata_store_options", "strata_tensor_info",
+ * "strata_tensor_view", "strata_store_stats", ...); 0 for another name.
+ * For bindings that mirror the structs (python/strata checks every one). */
+STRATA_C_API size_t strata_tiers_struct_size(const char* name);
+
 /* ---- errors ------------------------------------------------------------ */
 
 typedef enum strata_status {
@@ -336,10 +342,10 @@ typedef struct strata_link_stats {
 
 typedef struct strata_tier_stats {
   int present;               /* 0/1: the store has this tier */
-  uint64_t budget;           /* the tier's byte budget */
+  uint64_t budget;           /* the tier's byte budget (nvme: the capacity, 0 = the disks') */
   uint64_t used;             /* bytes in live blocks now */
-  uint64_t peak_used;
-  uint64_t reserved;         /* bytes taken from the system */
+  uint64_t peak_used;        /* (nvme: 0, not tracked) */
+  uint64_t reserved;         /* bytes taken from the system (nvme: 0) */
   uint64_t hits, misses;     /* acquire/prefetch found a valid copy / had to load it */
   uint64_t evictions;        /* copies dropped */
   uint64_t writebacks, writeback_bytes;

@@ -62,6 +62,8 @@ TEST(CAdamNames, IsaNames) {
   EXPECT_STREQ(strata_isa_name(STRATA_ISA_SCALAR), "scalar");
   EXPECT_STREQ(strata_isa_name(STRATA_ISA_AVX512), "avx512");
   EXPECT_STREQ(strata_isa_name(17), "?");
+  EXPECT_EQ(strata_optim_struct_size("strata_adam_shard"), sizeof(strata_adam_shard));
+  EXPECT_EQ(strata_optim_struct_size("strata_store_options"), 0u);
   strata_adam_destroy(nullptr);  // allowed
 }
 

@@ -89,6 +89,10 @@ TEST(CApiNames, VersionStatusTierDtype) {
   EXPECT_EQ(strata_dtype_size(42), 0u);
   EXPECT_STREQ(strata_dtype_name(STRATA_F16), "f16");
   EXPECT_STREQ(strata_dtype_name(42), "?");
+  EXPECT_EQ(strata_tiers_struct_size("strata_store_options"), sizeof(strata_store_options));
+  EXPECT_EQ(strata_tiers_struct_size("strata_store_stats"), sizeof(strata_store_stats));
+  EXPECT_EQ(strata_tiers_struct_size("strata_adam_hyper"), 0u);  // not a struct of this header
+  EXPECT_EQ(strata_tiers_struct_size(nullptr), 0u);
   strata_error_free(nullptr);  // allowed
   strata_ticket_free(nullptr);
   strata_store_close(nullptr);
@@ -216,6 +220,8 @@ TEST_F(CStoreFixture, RoundTripThroughHostAndNvme) {
   EXPECT_EQ(st.tiers[STRATA_TIER_HOST].writebacks, 1u);
   EXPECT_EQ(st.tiers[STRATA_TIER_HOST].budget, kMiB);
   EXPECT_EQ(st.tiers[STRATA_TIER_NVME].present, 1);
+  EXPECT_EQ(st.tiers[STRATA_TIER_NVME].budget, 16 * kMiB);  // the capacity
+  EXPECT_EQ(st.tiers[STRATA_TIER_NVME].used, io_bytes);  // the nvme tensor's home extent
   EXPECT_EQ(st.tiers[STRATA_TIER_GPU].present, 1);
   EXPECT_GE(st.nvme_bytes_written, n);
 
