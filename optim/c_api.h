@@ -8,6 +8,16 @@
  * strata_error, strata_dtype) are those of tiers/c_api.h: every function that
  * can fail returns a strata_status and takes `strata_error** error` last.
  *
+ * OWNERSHIP: a strata_adam (from strata_adam_create) belongs to the caller,
+ * who frees it with strata_adam_destroy; it holds no optimizer state. All
+ * arrays (shards, gradients) belong to the caller and are used only during
+ * the call.
+ *
+ * THREAD-SAFETY: strata_adam_step and strata_adam_grad_stats may run
+ * concurrently from several threads on one strata_adam (on different
+ * shards: the calls share its thread pool); strata_adam_destroy must be the
+ * last call on it. The helpers on strata_grad_stats and doubles are pure.
+ *
  * The typical step over state kept in a strata_store (examples/c/):
  *   1. per shard, in a fixed order: strata_adam_grad_stats, then
  *      strata_grad_stats_merge into one total

@@ -84,10 +84,13 @@ def _dtype(buf, given, what, allowed, raw_default=None):
     return name
 
 
-class CpuAdam:
+class CpuAdam(_lib.Handle):
     """The CPU Adam engine (a thread pool; it holds no optimizer state).
     threads 0: all hardware threads. isa: "auto", "scalar", "avx2",
-    "avx512", "avx512bf16". None for an option: the C default."""
+    "avx512", "avx512bf16". None for an option: the C default. close() (or
+    a with block) frees it."""
+
+    _what = "CpuAdam"
 
     def __init__(self, threads=0, isa="auto", tile_elems=None, pin_threads=False, numa_node=-1,
                  prefetch_bytes=None, prefetch_hint=None):
@@ -117,25 +120,8 @@ class CpuAdam:
         self.threads = info.threads
         self.tile_elems = info.tile_elems
 
-    def close(self):
-        if getattr(self, "_h", None):
-            _lib.lib().strata_adam_destroy(self._h)
-            self._h = None
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def __del__(self):
-        self.close()
-
-    def _handle(self):
-        if not self._h:
-            raise errors.FailedPreconditionError("the CpuAdam is closed")
-        return self._h
+    def _free(self, h):
+        _lib.lib().strata_adam_destroy(h)
 
     def step(self, master, exp_avg, exp_avg_sq, grad, *, step, lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
              weight_decay=0.0, decay="decoupled", bias_correction=True, grad_scale=1.0,

@@ -35,10 +35,12 @@ def _tier(tier):
     return TIERS[tier]
 
 
-class Ticket:
+class Ticket(_lib.Handle):
     """The handle of one prefetch/evict/flush. wait() blocks and raises the
     move's error; poll() is True when done, False while pending. The C
     ticket is freed by free() or when the object goes away."""
+
+    _what = "ticket"
 
     def __init__(self, handle):
         self._h = handle
@@ -52,17 +54,11 @@ class Ticket:
         return bool(done.value)
 
     def free(self):
-        if self._h:
-            _lib.lib().strata_ticket_free(self._h)
-            self._h = None
+        """Frees the C ticket (the move goes on). Waiting afterwards raises."""
+        self.close()
 
-    def _handle(self):
-        if not self._h:
-            raise errors.FailedPreconditionError("the ticket was freed")
-        return self._h
-
-    def __del__(self):
-        self.free()
+    def _free(self, h):
+        _lib.lib().strata_ticket_free(h)
 
 
 class View:
@@ -194,7 +190,7 @@ class Tensor:
         call(_lib.lib().strata_tensor_remove, self.store._handle(), self.id)
 
 
-class TierStore:
+class TierStore(_lib.Handle):
     """Opens a store. Keyword options are the fields of strata_store_options
     (tiers/c_api.h) with their C defaults: gpu, gpu_stand_in, gpu_device,
     gpu_budget_bytes, gpu_slab_bytes, host_budget_bytes, host_slab_bytes,
@@ -204,6 +200,8 @@ class TierStore:
     staging_per_move, worker_threads, eviction ("lru", "next_use"); plus
     nvme_dirs, a list of directories (an nvme tier when not empty).
     Booleans may be given as bool."""
+
+    _what = "TierStore"
 
     def __init__(self, nvme_dirs=(), **options):
         lib = _lib.lib()
@@ -231,27 +229,13 @@ class TierStore:
         call(lib.strata_store_open, ctypes.byref(o), ctypes.byref(h))
         self._h = h
 
-    def _handle(self):
-        if not self._h:
-            raise errors.FailedPreconditionError("the TierStore is closed")
-        return self._h
-
     def close(self):
         """Cancels queued moves, waits for running ones, frees everything.
         Unflushed dirty data is lost (flush_all first to keep it)."""
-        if getattr(self, "_h", None):
-            _lib.lib().strata_store_close(self._h)
-            self._h = None
+        super().close()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
-
-    def __del__(self):
-        self.close()
+    def _free(self, h):
+        _lib.lib().strata_store_close(h)
 
     def create(self, name, dtype, shape, home="host"):
         """A new tensor (shape: a sequence of ints, () for a scalar)."""

@@ -58,6 +58,20 @@ std::vector<uint8_t> Encode(const std::vector<float>& f, DType t) {
   return out;
 }
 
+// An all-fp32 shard over the vectors, without a copy-out.
+strata_adam_shard F32Shard(std::vector<float>& master, std::vector<float>& m, std::vector<float>& v,
+                           const std::vector<float>& g) {
+  strata_adam_shard s{};
+  s.n = master.size();
+  s.master = master.data();
+  s.exp_avg = m.data();
+  s.exp_avg_sq = v.data();
+  s.state_dtype = STRATA_F32;
+  s.grad = g.data();
+  s.grad_dtype = STRATA_F32;
+  return s;
+}
+
 TEST(CAdamNames, IsaNames) {
   EXPECT_STREQ(strata_isa_name(STRATA_ISA_SCALAR), "scalar");
   EXPECT_STREQ(strata_isa_name(STRATA_ISA_AVX512), "avx512");
@@ -202,14 +216,7 @@ TEST_F(CAdamFixture, SkipOnNonfiniteWritesNothing) {
   g[777] = std::numeric_limits<float>::quiet_NaN();
   g[3] = std::numeric_limits<float>::infinity();
   const std::vector<float> before = master;
-  strata_adam_shard cs{};
-  cs.n = n;
-  cs.master = master.data();
-  cs.exp_avg = m.data();
-  cs.exp_avg_sq = v.data();
-  cs.state_dtype = STRATA_F32;
-  cs.grad = g.data();
-  cs.grad_dtype = STRATA_F32;
+  const strata_adam_shard cs = F32Shard(master, m, v, g);
   strata_adam_hyper h;
   strata_adam_hyper_init(&h);
   strata_adam_result r{};
@@ -229,14 +236,7 @@ TEST_F(CAdamFixture, SkipOnNonfiniteWritesNothing) {
 TEST_F(CAdamFixture, BadHyperparametersAndShardsNameTheField) {
   const size_t n = 64;
   std::vector<float> master(n, 1.f), m(n, 0.f), v(n, 0.f), g(n, 0.5f);
-  strata_adam_shard cs{};
-  cs.n = n;
-  cs.master = master.data();
-  cs.exp_avg = m.data();
-  cs.exp_avg_sq = v.data();
-  cs.state_dtype = STRATA_F32;
-  cs.grad = g.data();
-  cs.grad_dtype = STRATA_F32;
+  const strata_adam_shard cs = F32Shard(master, m, v, g);
   CError err;
   auto step = [&](const strata_adam_shard& s, const strata_adam_hyper& h, double scale = 1.0) {
     return strata_adam_step(adam, &s, &h, scale, 0, nullptr, err.out());
