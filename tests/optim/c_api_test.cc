@@ -14,8 +14,8 @@
 #include "optim/cpu_adam.h"
 #include "optim/grad_clip.h"
 #include "tests/c_api_test_util.h"
+#include "tests/optim/adam_test_util.h"
 #include "tests/test_util.h"
-#include "tiers/half.h"
 
 namespace strata::optim {
 namespace {
@@ -24,6 +24,11 @@ using ::strata::testing::CError;
 using ::strata::testing::CFails;
 using ::strata::testing::COk;
 using ::strata::testing::RandomFloats;
+using ::strata::optim::testing::AdamConfig;
+using ::strata::optim::testing::AllConfigs;
+using ::strata::optim::testing::ConfigName;
+using ::strata::optim::testing::RandomShard;
+using ::strata::optim::testing::ShardData;
 
 struct CAdamFixture : ::testing::Test {
   strata_adam* adam = nullptr;
@@ -44,18 +49,19 @@ struct CAdamFixture : ::testing::Test {
   ~CAdamFixture() override { strata_adam_destroy(adam); }
 };
 
-// Encodes floats in `t` (f32, f16 or bf16) into bytes.
-std::vector<uint8_t> Encode(const std::vector<float>& f, DType t) {
-  std::vector<uint8_t> out(f.size() * DTypeSize(t));
-  for (size_t i = 0; i < f.size(); ++i) {
-    if (t == DType::kF32) {
-      std::memcpy(out.data() + 4 * i, &f[i], 4);
-    } else {
-      const uint16_t h = t == DType::kF16 ? FloatToHalf(f[i]) : FloatToBF16(f[i]);
-      std::memcpy(out.data() + 2 * i, &h, 2);
-    }
-  }
-  return out;
+// The C shard over a C++ shard's arrays.
+strata_adam_shard ToC(const AdamShard& s) {
+  strata_adam_shard c{};
+  c.n = s.n;
+  c.master = s.master;
+  c.exp_avg = s.exp_avg;
+  c.exp_avg_sq = s.exp_avg_sq;
+  c.state_dtype = static_cast<strata_dtype>(s.state_dtype);
+  c.grad = s.grad;
+  c.grad_dtype = static_cast<strata_dtype>(s.grad_dtype);
+  c.param_out = s.param_out;
+  c.param_out_dtype = static_cast<strata_dtype>(s.param_out_dtype);
+  return c;
 }
 
 // An all-fp32 shard over the vectors, without a copy-out.
@@ -135,78 +141,45 @@ TEST(CAdamCreate, BadOptionsNameTheOption) {
   strata_adam_destroy(adam);
 }
 
-struct StepCase {
-  DType grad, state, out;
-  bool has_out;
-  strata_weight_decay mode;
-  bool bias_correction;
-};
-
+// Every dtype combination (tests/optim/adam_test_util.h), alternating the
+// decay mode and bias correction, three steps each on a copy of the same
+// random shard: the C call and CpuAdam::Step write the same bits.
 TEST_F(CAdamFixture, StepIsBitwiseTheCppStep) {
   const size_t n = 4099;  // several tiles and a ragged end
-  const StepCase cases[] = {
-      {DType::kF32, DType::kF32, DType::kF16, true, STRATA_DECAY_DECOUPLED, true},
-      {DType::kF16, DType::kF32, DType::kBF16, true, STRATA_DECAY_L2, true},
-      {DType::kBF16, DType::kBF16, DType::kF32, true, STRATA_DECAY_DECOUPLED, false},
-      {DType::kF16, DType::kBF16, DType::kF16, false, STRATA_DECAY_L2, false},
-  };
-  for (const StepCase& k : cases) {
-    SCOPED_TRACE(std::string(DTypeName(k.grad)) + " state " + std::string(DTypeName(k.state)));
-    std::vector<float> master = RandomFloats(n, 11);
-    std::vector<uint8_t> m = Encode(RandomFloats(n, 12, -0.1f, 0.1f), k.state);
-    std::vector<uint8_t> v = Encode(RandomFloats(n, 13, 0.f, 0.01f), k.state);
-    const std::vector<uint8_t> g = Encode(RandomFloats(n, 14), k.grad);
-    std::vector<uint8_t> out(n * DTypeSize(k.out));
-    std::vector<float> master2 = master;
-    std::vector<uint8_t> m2 = m, v2 = v, out2 = out;
-
+  int k = 0;
+  for (const AdamConfig& cfg : AllConfigs()) {
+    SCOPED_TRACE(ConfigName(cfg));
+    const bool l2 = k % 2 == 1, bias_correction = k % 3 != 2;
+    ShardData c = RandomShard(cfg, n, 100 + k, /*out_offset=*/k % 5);
+    ShardData cpp_data = c;
+    const ShardData before = c;
+    ++k;
     for (int64_t step = 1; step <= 3; ++step) {
-      strata_adam_shard cs{};
-      cs.n = n;
-      cs.master = master.data();
-      cs.exp_avg = m.data();
-      cs.exp_avg_sq = v.data();
-      cs.state_dtype = static_cast<strata_dtype>(k.state);
-      cs.grad = g.data();
-      cs.grad_dtype = static_cast<strata_dtype>(k.grad);
-      cs.param_out = k.has_out ? out.data() : nullptr;
-      cs.param_out_dtype = static_cast<strata_dtype>(k.out);
       strata_adam_hyper h;
       strata_adam_hyper_init(&h);
       h.lr = 1e-2;
       h.weight_decay = 0.1;
-      h.decay_mode = k.mode;
-      h.bias_correction = k.bias_correction ? 1 : 0;
+      h.decay_mode = l2 ? STRATA_DECAY_L2 : STRATA_DECAY_DECOUPLED;
+      h.bias_correction = bias_correction ? 1 : 0;
       h.step = step;
+      const strata_adam_shard cs = ToC(c.Shard());
       strata_adam_result r{99, 99};
       CError err;
       ASSERT_TRUE(COk(strata_adam_step(adam, &cs, &h, 0.5, 0, &r, err.out()), err));
       EXPECT_EQ(r.nonfinite_grads, 0u);
       EXPECT_EQ(r.skipped, 0);
 
-      AdamShard s;
-      s.n = n;
-      s.master = master2.data();
-      s.exp_avg = m2.data();
-      s.exp_avg_sq = v2.data();
-      s.state_dtype = k.state;
-      s.grad = g.data();
-      s.grad_dtype = k.grad;
-      s.param_out = k.has_out ? out2.data() : nullptr;
-      s.param_out_dtype = k.out;
       AdamHyper ch;
       ch.lr = 1e-2;
       ch.weight_decay = 0.1;
-      ch.decay_mode = k.mode == STRATA_DECAY_L2 ? WeightDecayMode::kL2 : WeightDecayMode::kDecoupled;
-      ch.bias_correction = k.bias_correction;
+      ch.decay_mode = l2 ? WeightDecayMode::kL2 : WeightDecayMode::kDecoupled;
+      ch.bias_correction = bias_correction;
       ch.step = step;
-      ASSERT_OK(cpp->Step(s, ch, {.grad_scale = 0.5}).status());
+      ASSERT_OK(cpp->Step(cpp_data.Shard(), ch, {.grad_scale = 0.5}).status());
     }
-    EXPECT_EQ(std::memcmp(master.data(), master2.data(), n * 4), 0);
-    EXPECT_EQ(m, m2);
-    EXPECT_EQ(v, v2);
-    EXPECT_EQ(out, out2);
-    EXPECT_NE(master, RandomFloats(n, 11));  // it did update
+    std::string where;
+    EXPECT_TRUE(c.SameValues(cpp_data, &where)) << where;  // no NaNs here: bitwise
+    EXPECT_NE(c.master, before.master);                      // it did update
   }
 }
 
@@ -287,7 +260,7 @@ TEST_F(CAdamFixture, BadHyperparametersAndShardsNameTheField) {
 
 TEST_F(CAdamFixture, GradStatsAndClippingMatchTheCppHelpers) {
   const size_t n = 70000;  // two stats tiles
-  const std::vector<uint8_t> g = Encode(RandomFloats(n, 5, -3.f, 3.f), DType::kBF16);
+  const std::vector<uint8_t> g = RandomShard({DType::kBF16, DType::kF32, false}, n, 5).grad;
   strata_grad_stats st{};
   CError err;
   ASSERT_TRUE(COk(strata_adam_grad_stats(adam, g.data(), STRATA_BF16, n, &st, err.out()), err));
