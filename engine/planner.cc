@@ -226,6 +226,7 @@ Result<Plan> MakePlan(const PlanInputs& in) {
       p.speculative_bytes = restN * 12;
       p.speculative_fits = p.host_total + p.speculative_bytes <= in.host_budget;
       if (p.speculative_fits) {
+        // Right after the optimizer's own row (rows: params, grads, optimizer, checkpoints, working set).
         p.rows.insert(p.rows.begin() + 3, Plan::Row{kSpeculativeRow, 0, p.speculative_bytes, 0});
         p.host_total += p.speculative_bytes;
       }
