@@ -53,7 +53,6 @@
 // Each row is also printed to stderr as soon as it is measured.
 // Defaults finish in well under a minute on a 2-core machine.
 #include <sys/mman.h>
-#include <sys/sysinfo.h>
 
 #include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/info.h>
@@ -75,10 +74,11 @@
 #include <string>
 #include <vector>
 
+#include "base/half.h"
+#include "base/host_memory.h"
 #include "bench/bench.h"
 #include "optim/cpu_adam.h"
 #include "optim/cpu_features.h"
-#include "tiers/half.h"
 #include "tiers/host_tier.h"
 
 namespace po = boost::program_options;
@@ -635,9 +635,8 @@ double StreamFigure(StreamKind k, Shard& s, const optim::CpuAdam& adam, int reps
 volatile uint64_t g_roof_sink = 0;
 
 size_t AvailableBytes() {
-  struct sysinfo si {};
-  if (sysinfo(&si) != 0) return SIZE_MAX;
-  return static_cast<size_t>(si.freeram + si.bufferram) * si.mem_unit;
+  Result<HostMemoryInfo> m = QueryHostMemory();
+  return m.ok() ? static_cast<size_t>(m->available_bytes) : SIZE_MAX;
 }
 
 // One software-prefetch variant: distance and hint.

@@ -32,11 +32,11 @@
 #include <string>
 #include <vector>
 
+#include "base/device.h"
+#include "base/half.h"
 #include "bench/bench.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "tiers/device.h"
-#include "tiers/half.h"
 
 namespace po = boost::program_options;
 

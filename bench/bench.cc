@@ -1,7 +1,6 @@
 #include "bench/bench.h"
 
 #include <sys/stat.h>
-#include <sys/sysinfo.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,7 +11,8 @@
 #include <sstream>
 #include <thread>
 
-#include "tiers/device.h"
+#include "base/device.h"
+#include "base/host_memory.h"
 
 namespace po = boost::program_options;
 
@@ -200,8 +200,7 @@ nlohmann::json MachineInfo() {
     }
   }
   m["cores"] = std::thread::hardware_concurrency();
-  struct sysinfo si {};
-  if (sysinfo(&si) == 0) m["memory_bytes"] = static_cast<uint64_t>(si.totalram) * si.mem_unit;
+  if (Result<HostMemoryInfo> hm = QueryHostMemory(); hm.ok()) m["memory_bytes"] = hm->total_bytes;
   auto gpu = QueryGpu(0);
   if (gpu.ok()) {
     m["gpu"] = gpu->name;

@@ -19,7 +19,8 @@
 #include <boost/program_options.hpp>
 #include <nlohmann/json.hpp>
 
-#include "tiers/status.h"
+#include "base/clock.h"
+#include "base/status.h"
 
 namespace strata::bench {
 
@@ -94,11 +95,6 @@ class BenchDir {
   std::string path_;
   bool owned_ = false;
 };
-
-inline double NowSeconds() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Median of `v` (copied; v may be unsorted). 0 for an empty vector.
 double Median(std::vector<double> v);

@@ -33,9 +33,9 @@
 #include <set>
 #include <sstream>
 
+#include "base/bytes.h"
 #include "bench/bench.h"
 #include "bench/raw_io.h"
-#include "tiers/bytes.h"
 #include "tiers/nvme_tier.h"
 
 namespace po = boost::program_options;

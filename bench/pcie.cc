@@ -25,10 +25,10 @@
 #include <thread>
 #include <vector>
 
+#include "base/bytes.h"
+#include "base/device.h"
 #include "bench/bench.h"
-#include "tiers/bytes.h"
 #include "tiers/copy_engine.h"
-#include "tiers/device.h"
 
 #if STRATA_WITH_CUDA
 #include <cuda_runtime.h>

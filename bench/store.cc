@@ -34,9 +34,9 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
+#include "base/device.h"
 #include "bench/bench.h"
-#include "tiers/bytes.h"
-#include "tiers/device.h"
 #include "tiers/tier_store.h"
 
 #if STRATA_WITH_CUDA

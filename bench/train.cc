@@ -38,13 +38,13 @@
 #include <string>
 #include <vector>
 
+#include "base/device.h"
+#include "base/half.h"
 #include "bench/bench.h"
 #include "bench/train_offload.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/gpt.h"
-#include "tiers/device.h"
-#include "tiers/half.h"
 
 namespace po = boost::program_options;
 

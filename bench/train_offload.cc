@@ -47,9 +47,9 @@
 #include <iostream>
 #include <sstream>
 
+#include "base/bytes.h"
 #include "bench/raw_io.h"
 #include "engine/trainer.h"
-#include "tiers/bytes.h"
 
 namespace strata::bench {
 

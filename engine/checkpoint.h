@@ -25,9 +25,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/status.h"
 #include "kernels/gpt.h"
 #include "optim/loss_scaler.h"
-#include "tiers/status.h"
 
 namespace strata {
 

@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

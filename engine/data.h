@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "engine/config.h"
-#include "tiers/status.h"
 
 namespace strata {
 

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/status.h"
 #include "kernels/gpt.h"
-#include "tiers/status.h"
 
 namespace strata {
 

@@ -15,9 +15,9 @@
 
 #include <boost/program_options.hpp>
 
+#include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
-#include "tiers/bytes.h"
 
 namespace po = boost::program_options;
 

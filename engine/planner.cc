@@ -5,7 +5,7 @@
 #include <optional>
 #include <sstream>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 
 namespace strata {
 

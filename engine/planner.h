@@ -43,8 +43,8 @@
 #include <string>
 #include <vector>
 
-#include "tiers/status.h"
-#include "tiers/tier_kind.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
 
 namespace strata {
 

@@ -12,7 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "tiers/half.h"
+#include "base/half.h"
 
 namespace strata {
 

@@ -18,9 +18,9 @@
 #include <string>
 #include <vector>
 
-#include "tiers/dtype.h"
-#include "tiers/shape.h"
-#include "tiers/status.h"
+#include "base/dtype.h"
+#include "base/shape.h"
+#include "base/status.h"
 
 namespace strata {
 

@@ -33,6 +33,11 @@
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
 
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/device.h"
+#include "base/half.h"
+#include "base/host_memory.h"
 #include "engine/checkpoint.h"
 #include "engine/data.h"
 #include "engine/gpt_init.h"
@@ -45,10 +50,7 @@
 #include "optim/loss_scaler.h"
 #include "optim/lr_schedule.h"
 #include "swap/prefetcher.h"
-#include "tiers/bytes.h"
 #include "tiers/copy_engine.h"
-#include "tiers/device.h"
-#include "tiers/half.h"
 #include "tiers/tier_store.h"
 
 namespace strata {
@@ -59,19 +61,10 @@ using kernels::GptLayers;
 
 namespace {
 
-double Now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
-
-uint64_t HostAvailableBytes() {
-  std::ifstream f("/proc/meminfo");
-  std::string key;
-  uint64_t kb = 0;
-  std::string unit;
-  while (f >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return 8 * kGiB;
+// The host tier's default budget: 80% of the host's available memory.
+Result<uint64_t> DefaultHostBudget() {
+  ASSIGN_OR_RETURN(HostMemoryInfo m, QueryHostMemory());
+  return m.available_bytes / 10 * 8;
 }
 
 Result<DType> PrecisionDType(const Config& c) {
@@ -597,7 +590,11 @@ Status Trainer::Impl::Setup() {
   // never holds more than the limit.
   const bool cuda = backend->kind() == kernels::BackendKind::kCuda;
   RETURN_IF_ERROR(MeasurePeak());
-  host_budget = opt.host_memory_limit ? opt.host_memory_limit : HostAvailableBytes() / 10 * 8;
+  if (opt.host_memory_limit) {
+    host_budget = opt.host_memory_limit;
+  } else {
+    ASSIGN_OR_RETURN(host_budget, DefaultHostBudget());
+  }
   if (cuda) {
     ASSIGN_OR_RETURN(GpuInfo info, QueryGpu(0));
     const uint64_t in_use = info.total_bytes - info.free_bytes;
@@ -828,10 +825,10 @@ Status Trainer::Impl::MeasurePeak() {
   if (cuda) {
     // Back to back on the stream: the mean of 10 (each ~1.4 ms).
     const int reps = 10;
-    double t0 = Now();
+    double t0 = NowSeconds();
     for (int i = 0; i < reps; ++i) RETURN_IF_ERROR(backend->Gemm(g));
     RETURN_IF_ERROR(backend->Synchronize());
-    peak_flops = flops * reps / (Now() - t0);
+    peak_flops = flops * reps / (NowSeconds() - t0);
   } else {
     // The CPU's GEMMs are a few ms each, and a busy machine (a build, a
     // neighbour) slows one now and then: the best of 7 is the rate the
@@ -839,10 +836,10 @@ Status Trainer::Impl::MeasurePeak() {
     // was measured during a hiccup.
     double best = 1e30;
     for (int i = 0; i < 7; ++i) {
-      double t0 = Now();
+      double t0 = NowSeconds();
       RETURN_IF_ERROR(backend->Gemm(g));
       RETURN_IF_ERROR(backend->Synchronize());
-      best = std::min(best, Now() - t0);
+      best = std::min(best, NowSeconds() - t0);
     }
     peak_flops = flops / best;
   }
@@ -1096,9 +1093,9 @@ Status Trainer::Impl::WaitShard(size_t s, double* wait_s) {
   {
     std::unique_lock<std::mutex> lk(mu);
     if (updated[s] < step || !opt_error.ok()) {
-      double t0 = Now();
+      double t0 = NowSeconds();
       cv.wait(lk, [&] { return updated[s] >= step || !opt_error.ok(); });
-      if (wait_s) *wait_s += Now() - t0;
+      if (wait_s) *wait_s += NowSeconds() - t0;
     }
     RETURN_IF_ERROR(opt_error);
     up = uploads[s];
@@ -1307,9 +1304,9 @@ Status Trainer::Impl::Forward(int64_t a0, int64_t a1, double* wait_s) {
     size_t si = static_cast<size_t>(l) + 1;
     if (first) RETURN_IF_ERROR(WaitShard(si, wait_s));
     Shard& sh = shards[si];
-    double t0 = Now();
+    double t0 = NowSeconds();
     ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
-    if (wait_s) *wait_s += Now() - t0;
+    if (wait_s) *wait_s += NowSeconds() - t0;
     for (int64_t a = a0; a < a1; ++a) {
       TensorId in = ck[static_cast<size_t>(l)][Slot(a)];
       TensorId out = ck[static_cast<size_t>(l + 1)][Slot(a)];
@@ -1414,7 +1411,7 @@ Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
   for (int64_t l = L - 1; l >= 0; --l) {
     size_t si = static_cast<size_t>(l) + 1;
     Shard& sh = shards[si];
-    double t0 = Now();
+    double t0 = NowSeconds();
     ASSIGN_OR_RETURN(TensorView p, pf.Acquire(sh.p, Access::kRead));
     // The fp32 accumulator: one block's scratch (layer-major: every
     // micro-batch of this block runs now), the fp32 gradient itself, or the
@@ -1430,12 +1427,12 @@ Status Trainer::Impl::Backward(int64_t a0, int64_t a1, double* wait_s) {
       ASSIGN_OR_RETURN(TensorView g, pf.Acquire(sh.g, Access::kWriteDiscard));
       acc = acquired = g.data;
     }
-    if (wait_s) *wait_s += Now() - t0;
+    if (wait_s) *wait_s += NowSeconds() - t0;
     for (int64_t a = a0; a < a1; ++a) {
       TensorId in = ck[static_cast<size_t>(l)][Slot(a)];
-      t0 = Now();
+      t0 = NowSeconds();
       ASSIGN_OR_RETURN(TensorView xi, pf.Acquire(in, Access::kRead));
-      if (wait_s) *wait_s += Now() - t0;
+      if (wait_s) *wait_s += NowSeconds() - t0;
       void* d = dx[Slot(a)].data();
       RETURN_IF_ERROR(layers->BlockBackward(p.data, xi.data, d, d, acc, DType::kF32, a > 0, block_scratch.data(),
                                             block_scratch.bytes(), KeptInternals(l, a0, a1)));
@@ -1503,7 +1500,7 @@ Status Trainer::Impl::PostJob(const OptJob& j) {
   job_multiplier = j.grad_multiplier;
   job_params = 0;
   job_workers = assist ? 2 : 1;
-  job_t0 = Now();
+  job_t0 = NowSeconds();
   assist_params = 0;
   job_writes = 0;
   job_abort = false;
@@ -1802,7 +1799,7 @@ void Trainer::Impl::OptimizerLoop(bool gpu_worker) {
     std::lock_guard<std::mutex> lk(mu);
     if (--job_workers == 0) {
       const size_t slot = static_cast<size_t>(j.step % 2);
-      job_seconds[slot] = Now() - job_t0;
+      job_seconds[slot] = NowSeconds() - job_t0;
       job_assist_share[slot] = job_params ? static_cast<double>(assist_params) / static_cast<double>(job_params) : 0;
       job.reset();
     }
@@ -1843,7 +1840,7 @@ Status Trainer::Impl::UpdateGpuPrefix(const OptJob& j) {
   // on the job, set it when they finish, later than now).
   std::lock_guard<std::mutex> lk(mu);
   double& secs = job_seconds[j.step % 2];
-  if (gpu_prefix > 0 && !job) secs = std::max(secs, Now() - job_t0);
+  if (gpu_prefix > 0 && !job) secs = std::max(secs, NowSeconds() - job_t0);
   return Status::OK();
 }
 
@@ -2206,7 +2203,10 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
     auto info = QueryGpu(0);
     gpu = info.ok() ? info->free_bytes : 4 * kGiB;
   }
-  uint64_t host = options.host_memory_limit ? options.host_memory_limit : HostAvailableBytes() / 10 * 8;
+  uint64_t host = options.host_memory_limit;
+  if (!host) {
+    ASSIGN_OR_RETURN(host, DefaultHostBudget());
+  }
   PlanInputs in;
   RETURN_IF_ERROR(MakePlanInputs(cfg, g, dtype, block, head, gpu, host, WantsSpeculativeState(cfg, options), &in));
   ASSIGN_OR_RETURN(Plan p, MakePlan(in));
@@ -2295,7 +2295,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
                               prefetcher->schedule().EventString(prefetcher->tick()) +
                               "); create the trainer again (from the last checkpoint)");
   StepReport r;
-  double t0 = Now();
+  double t0 = NowSeconds();
   // Inputs for all micro-batches, checked: a token outside the vocabulary
   // would index past the embedding.
   const size_t n = tok_host.size();
@@ -2331,10 +2331,10 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   const bool speculate = SpeculateNow();
   last_clip_one = false;  // until this step succeeds with a clip coefficient of 1
   for (int64_t a0 = 0; a0 < A; a0 += per) {
-    double f0 = a0 == 0 ? t0 : Now();  // the first forward counts the step's input checks and copies
+    double f0 = a0 == 0 ? t0 : NowSeconds();  // the first forward counts the step's input checks and copies
     RETURN_IF_ERROR(Forward(a0, a0 + per, &wait));
     if (cfg.wall_clock_breakdown) RETURN_IF_ERROR(backend->Synchronize());
-    fwd_s += Now() - f0;
+    fwd_s += NowSeconds() - f0;
     if ((streaming || speculate) && a0 + per >= A) {
       // The update runs during the backward's last pass, each shard as its
       // gradient is final, with the multiplier it would have after it: no
@@ -2363,7 +2363,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
     }
     for (const CopyTicket& c : counts) RETURN_IF_ERROR(c.Wait());
   }
-  double t2 = Now();
+  double t2 = NowSeconds();
   // The links' counters and the optimizer's own copies, read together (bytes_mu).
   LinkBytes moved, opt_now, prev_job;
   {

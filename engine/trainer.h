@@ -66,9 +66,9 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "engine/config.h"
 #include "engine/planner.h"
-#include "tiers/status.h"
 
 namespace strata {
 

@@ -30,8 +30,8 @@
 #include <memory>
 #include <string>
 
-#include "tiers/dtype.h"
-#include "tiers/status.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 namespace strata::kernels {
 

@@ -8,8 +8,8 @@
 #include <limits>
 #include <random>
 
+#include "base/half.h"
 #include "kernels/cpu/convert.h"
-#include "tiers/half.h"
 
 namespace strata::kernels {
 namespace {

@@ -31,9 +31,9 @@
 #include <string>
 #include <vector>
 
+#include "base/dtype.h"
+#include "base/status.h"
 #include "kernels/backend.h"
-#include "tiers/dtype.h"
-#include "tiers/status.h"
 
 namespace strata::kernels {
 

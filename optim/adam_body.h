@@ -65,7 +65,7 @@ struct Consts {
   F beta1, one_minus_beta1, beta2, one_minus_beta2, eps, neg_step_size, inv_sqrt_bc2,
       neg_lr_decay, l2_decay, grad_scale;
   bool has_l2, has_decay;
-  explicit Consts(const kernels::AdamCoefficients& c)
+  explicit Consts(const AdamCoefficients& c)
       : beta1(V::Set1(c.beta1)),
         one_minus_beta1(V::Set1(c.one_minus_beta1)),
         beta2(V::Set1(c.beta2)),
@@ -98,8 +98,8 @@ inline AdamPtrs PtrsOf(const AdamTile& t) {
 }
 
 // One vector of kLanes elements starting at index i. The operation sequence is
-// the contract of kernels/adam_gpu.h (AdamCoefficients); the GPU kernel
-// (kernels/cuda/adam.cu) repeats it with __fmaf_rn & co. kStream: the copy
+// the contract of optim/adam_coefficients.h (AdamCoefficients); the GPU kernel
+// (optim/cuda/adam.cu) repeats it with __fmaf_rn & co. kStream: the copy
 // goes out with non-temporal stores; kStreamState: the new master, m and v
 // too (out of place).
 template <class V, Kind G, Kind S, Kind O, bool kStream, bool kStreamState>

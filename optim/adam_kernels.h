@@ -11,14 +11,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "kernels/adam_gpu.h"
+#include "optim/adam_coefficients.h"
 
 namespace strata::optim::internal {
 
 // One tile of an Adam step: pointers already offset to the tile's first
 // element, n elements.
 struct AdamTile {
-  const kernels::AdamCoefficients* c;
+  const AdamCoefficients* c;
   const float* master;     // (n) read
   const void* exp_avg;     // (n) state dtype, read
   const void* exp_avg_sq;  // (n) state dtype, read

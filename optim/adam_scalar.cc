@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "tiers/half.h"
+#include "base/half.h"
 
 namespace strata::optim::internal {
 namespace {

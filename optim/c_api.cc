@@ -8,9 +8,9 @@
 #include <string>
 #include <string_view>
 
+#include "base/c_api_internal.h"
 #include "optim/cpu_adam.h"
 #include "optim/grad_clip.h"
-#include "tiers/c_api_internal.h"
 
 static_assert(STRATA_ISA_AUTO == static_cast<int>(strata::optim::Isa::kAuto) &&
               STRATA_ISA_SCALAR == static_cast<int>(strata::optim::Isa::kScalar) &&

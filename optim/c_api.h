@@ -33,7 +33,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "tiers/c_api.h"
+#include "base/c_api.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -157,7 +157,7 @@ Status AdamHyper::Validate() const {
   return Status::OK();
 }
 
-Result<kernels::AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, double grad_scale) {
+Result<AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, double grad_scale) {
   RETURN_IF_ERROR(h.Validate());
   if (!Finite(grad_scale) || grad_scale < 0 || !std::isfinite(static_cast<float>(grad_scale)))
     return InvalidArgument("grad_scale (1/loss_scale x clip coefficient) must be >= 0 and finite in fp32, got " +
@@ -167,7 +167,7 @@ Result<kernels::AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, doubl
     bc1 = 1.0 - std::pow(h.beta1, static_cast<double>(h.step));
     bc2 = 1.0 - std::pow(h.beta2, static_cast<double>(h.step));
   }
-  kernels::AdamCoefficients c;
+  AdamCoefficients c;
   c.beta1 = static_cast<float>(h.beta1);
   c.one_minus_beta1 = static_cast<float>(1.0 - h.beta1);
   c.beta2 = static_cast<float>(h.beta2);
@@ -349,7 +349,7 @@ Result<std::unique_ptr<CpuAdam>> CpuAdam::Create(const Options& o) {
 Result<AdamStepResult> CpuAdam::Step(const AdamShard& s, const AdamHyper& hyper,
                                      const AdamStepOptions& options) const {
   RETURN_IF_ERROR(s.Validate());
-  ASSIGN_OR_RETURN(const kernels::AdamCoefficients c, MakeAdamCoefficients(hyper, options.grad_scale));
+  ASSIGN_OR_RETURN(const AdamCoefficients c, MakeAdamCoefficients(hyper, options.grad_scale));
   AdamStepResult result;
   if (s.n == 0) return result;
   if (options.skip_on_nonfinite) {

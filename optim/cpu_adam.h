@@ -46,7 +46,7 @@
 // ## strata's update
 //
 // The per-element operations are DeepSpeed's fma sequence, written out in
-// kernels/adam_gpu.h (AdamCoefficients), with each per-step constant computed
+// optim/adam_coefficients.h (AdamCoefficients), with each per-step constant computed
 // in double and rounded to fp32 once (MakeAdamCoefficients). Against a
 // float64 evaluation of the formula the fp32 results are within a few fp32
 // ulps (tests/optim/cpu_adam_test.cc checks 1e-6 relative, measured against
@@ -138,11 +138,11 @@
 #include <memory>
 #include <string_view>
 
-#include "kernels/adam_gpu.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "optim/adam_coefficients.h"
 #include "optim/cpu_features.h"
 #include "optim/grad_clip.h"
-#include "tiers/dtype.h"
-#include "tiers/status.h"
 
 namespace strata::optim {
 
@@ -167,10 +167,10 @@ struct AdamHyper {
   Status Validate() const;
 };
 
-// The fp32 per-element constants of one step (kernels/adam_gpu.h), from the
+// The fp32 per-element constants of one step (optim/adam_coefficients.h), from the
 // hyperparameters and the gradient multiplier (finite, >= 0), computed in
 // double and rounded once. Validates both.
-Result<kernels::AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, double grad_scale);
+Result<AdamCoefficients> MakeAdamCoefficients(const AdamHyper& h, double grad_scale);
 
 // One shard in host memory. All arrays hold n elements, are naturally aligned
 // for their dtype and do not overlap. Writing the copy (and, out of place,

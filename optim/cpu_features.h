@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata::optim {
 

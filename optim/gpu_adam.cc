@@ -1,6 +1,6 @@
 #include "optim/gpu_adam.h"
 
-#include "kernels/adam_gpu.h"
+#include "optim/gpu_adam_launch.h"
 
 namespace strata::optim {
 
@@ -10,9 +10,9 @@ Status GpuAdamStep(const AdamShard& s, const AdamHyper& hyper, double grad_scale
   if (s.out_of_place())
     return InvalidArgument("GpuAdamStep updates in place: AdamShard.master_out / exp_avg_out / exp_avg_sq_out "
                            "must be null (the out-of-place form is the CPU Adam's)");
-  ASSIGN_OR_RETURN(const kernels::AdamCoefficients c, MakeAdamCoefficients(hyper, grad_scale));
+  ASSIGN_OR_RETURN(const AdamCoefficients c, MakeAdamCoefficients(hyper, grad_scale));
   if (s.n == 0) return Status::OK();
-  kernels::AdamGpuShard g;
+  AdamGpuShard g;
   g.n = static_cast<int64_t>(s.n);
   g.master = s.master;
   g.exp_avg = s.exp_avg;
@@ -23,7 +23,7 @@ Status GpuAdamStep(const AdamShard& s, const AdamHyper& hyper, double grad_scale
   g.param_out = s.param_out;
   g.param_out_dtype = s.param_out_dtype;
   g.nonfinite_count = device_nonfinite_count;
-  return kernels::LaunchAdamGpu(g, c, stream);
+  return LaunchAdamGpu(g, c, stream);
 }
 
 }  // namespace strata::optim

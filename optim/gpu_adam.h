@@ -1,7 +1,7 @@
 // The Adam step for a shard whose optimizer state lives in GPU memory
 // (partial offload): the same semantics and, bit for bit, the same results as
 // CpuAdam::Step (optim/cpu_adam.h), computed by the fused kernel of
-// kernels/cuda/adam.cu.
+// optim/cuda/adam.cu.
 //
 // Thread-safety: a free function; concurrent calls on different shards are
 // fine (the CUDA runtime is thread-safe).
@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
+#include "base/status.h"
 #include "optim/cpu_adam.h"
-#include "tiers/status.h"
 
 namespace strata::optim {
 

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata::optim {
 

@@ -38,7 +38,7 @@
 
 #include <cstdint>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata::optim {
 

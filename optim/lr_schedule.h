@@ -50,7 +50,7 @@
 #include <string_view>
 #include <variant>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata::optim {
 

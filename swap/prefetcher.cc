@@ -1,16 +1,12 @@
 #include "swap/prefetcher.h"
 
 #include <algorithm>
-#include <chrono>
+
+#include "base/clock.h"
 
 namespace strata {
 
 namespace {
-
-double Now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // Failures of an eviction that lose nothing: the tensor was acquired again
 // before the eviction ran (the copy is kept), or the store is going away.
@@ -219,7 +215,7 @@ Status Prefetcher::MakeRoom(uint32_t t) {
     const bool budget = BudgetRoom(b), contiguous = ContiguousRoom(b);
     if (budget && contiguous) break;
     if (t0 == 0) {
-      t0 = Now();
+      t0 = NowSeconds();
       stats_.room_waits++;
     }
     if (!evicting_.empty()) {
@@ -232,7 +228,7 @@ Status Prefetcher::MakeRoom(uint32_t t) {
       break;
     }
   }
-  if (t0 != 0) stats_.room_wait_seconds += Now() - t0;
+  if (t0 != 0) stats_.room_wait_seconds += NowSeconds() - t0;
   resident_[t] = true;
   resident_bytes_ += b;
   stats_.peak_resident_bytes = std::max(stats_.peak_resident_bytes, resident_bytes_);

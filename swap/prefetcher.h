@@ -55,9 +55,9 @@
 #include <memory>
 #include <vector>
 
+#include "base/status.h"
 #include "swap/schedule.h"
 #include "swap/window.h"
-#include "tiers/status.h"
 #include "tiers/tier_store.h"
 
 namespace strata {

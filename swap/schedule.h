@@ -29,8 +29,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "tiers/status.h"
-#include "tiers/tier_kind.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
 #include "tiers/tier_store.h"
 
 namespace strata {

@@ -25,8 +25,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/bytes.h"
 #include "swap/schedule.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 

@@ -10,8 +10,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "tiers/device.h"
-#include "tiers/status.h"
+#include "base/device.h"
+#include "base/status.h"
 
 namespace strata::testing {
 

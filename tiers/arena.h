@@ -29,7 +29,7 @@
 #include <utility>
 #include <vector>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

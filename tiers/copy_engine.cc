@@ -10,10 +10,10 @@
 #include <thread>
 #include <vector>
 
-#include "tiers/cuda_check.h"
-#include "tiers/device.h"
+#include "base/cuda_check.h"
+#include "base/device.h"
+#include "base/thread_annotations.h"
 #include "tiers/gpu_event.h"
-#include "tiers/thread_annotations.h"
 
 namespace strata {
 

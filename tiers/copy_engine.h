@@ -34,8 +34,8 @@
 #include <memory>
 #include <span>
 
-#include "tiers/bytes.h"
-#include "tiers/status.h"
+#include "base/bytes.h"
+#include "base/status.h"
 
 namespace strata {
 

@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 
 namespace strata {
 

@@ -20,7 +20,7 @@
 #include <set>
 #include <utility>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

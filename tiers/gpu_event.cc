@@ -1,6 +1,6 @@
 #include "tiers/gpu_event.h"
 
-#include "tiers/cuda_check.h"
+#include "base/cuda_check.h"
 
 namespace strata {
 

@@ -19,8 +19,8 @@
 #include <utility>
 #include <vector>
 
-#include "tiers/status.h"
-#include "tiers/thread_annotations.h"
+#include "base/status.h"
+#include "base/thread_annotations.h"
 
 namespace strata {
 

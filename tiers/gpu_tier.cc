@@ -5,8 +5,8 @@
 #include <cerrno>
 #include <cstring>
 
-#include "tiers/cuda_check.h"
-#include "tiers/device.h"
+#include "base/cuda_check.h"
+#include "base/device.h"
 
 namespace strata {
 

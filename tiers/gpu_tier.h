@@ -20,7 +20,7 @@
 
 #include <memory>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 #include "tiers/slab_tier.h"
 
 namespace strata {

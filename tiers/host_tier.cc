@@ -3,7 +3,6 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/sysinfo.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -12,8 +11,9 @@
 #include <fstream>
 #include <string>
 
-#include "tiers/cuda_check.h"
-#include "tiers/device.h"
+#include "base/cuda_check.h"
+#include "base/device.h"
+#include "base/host_memory.h"
 #include "tiers/numa.h"
 
 namespace strata {
@@ -230,9 +230,8 @@ Status HostTier::registration_status() const {
 Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options) {
   uint64_t budget = options.budget_bytes;
   if (budget == 0) {
-    struct sysinfo si {};
-    if (sysinfo(&si) != 0) return ErrnoStatus("sysinfo");
-    budget = static_cast<uint64_t>(si.totalram) * si.mem_unit / 2;
+    ASSIGN_OR_RETURN(HostMemoryInfo m, QueryHostMemory());
+    budget = m.total_bytes / 2;
   }
   budget &= ~uint64_t{4095};
   if (budget == 0) return InvalidArgument("host tier budget " + std::to_string(options.budget_bytes) +

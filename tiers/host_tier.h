@@ -29,9 +29,9 @@
 #include <string>
 #include <string_view>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
+#include "base/thread_annotations.h"
 #include "tiers/slab_tier.h"
-#include "tiers/thread_annotations.h"
 
 namespace strata {
 

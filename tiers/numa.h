@@ -13,7 +13,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

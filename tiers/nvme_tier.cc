@@ -41,10 +41,10 @@
 #include <thread>
 #include <unordered_map>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
+#include "base/thread_annotations.h"
 #include "tiers/extent_allocator.h"
 #include "tiers/io_env.h"
-#include "tiers/thread_annotations.h"
 
 namespace strata {
 

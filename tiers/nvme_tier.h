@@ -46,8 +46,8 @@
 #include <string>
 #include <vector>
 
+#include "base/status.h"
 #include "tiers/checksum.h"  // ChecksumKind
-#include "tiers/status.h"
 
 namespace strata {
 

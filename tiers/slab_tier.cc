@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 
 namespace strata {
 

@@ -20,8 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "base/thread_annotations.h"
 #include "tiers/arena.h"
-#include "tiers/thread_annotations.h"
 #include "tiers/tier.h"
 
 namespace strata {

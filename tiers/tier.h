@@ -18,8 +18,8 @@
 #include <string_view>
 #include <utility>
 
-#include "tiers/status.h"
-#include "tiers/tier_kind.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
 
 namespace strata {
 

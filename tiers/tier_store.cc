@@ -23,21 +23,13 @@
 #include <unordered_set>
 #include <vector>
 
-#include "tiers/bytes.h"
-#include "tiers/cuda_check.h"
+#include "base/bytes.h"
+#include "base/clock.h"
+#include "base/cuda_check.h"
+#include "base/thread_annotations.h"
 #include "tiers/gpu_event.h"
-#include "tiers/thread_annotations.h"
 
 namespace strata {
-
-std::string_view AccessName(Access a) {
-  switch (a) {
-    case Access::kRead: return "read";
-    case Access::kReadWrite: return "read-write";
-    case Access::kWriteDiscard: return "write-discard";
-  }
-  return "?";
-}
 
 // ---- tickets ------------------------------------------------------------------
 
@@ -98,11 +90,6 @@ TierKind Kind(int i) { return static_cast<TierKind>(i); }
 std::string TierStr(int i) { return std::string(TierName(Kind(i))); }
 
 using EventRef = std::shared_ptr<GpuEvent>;
-
-double Now() {
-  using namespace std::chrono;
-  return duration<double>(steady_clock::now().time_since_epoch()).count();
-}
 
 // One tier's copy of a tensor.
 struct CopySlot {
@@ -648,25 +635,25 @@ Status TierStore::Impl::EngineCopy(CopyDirection dir, void* dst, const void* src
 
 Status TierStore::Impl::Hop(const Side& s, const Side& d, uint64_t bytes, LinkDelta& delta) {
   const uint64_t io_bytes = AlignUp(std::max<uint64_t>(bytes, 1), 4096);
-  double t0 = Now();
+  double t0 = NowSeconds();
   if (s.tier == kGpu && d.tier == kHost) {
     CopyTicket tk;
     RETURN_IF_ERROR(EngineCopy(CopyDirection::kDeviceToHost, d.ptr, s.ptr, bytes, s.events, d.events, &tk));
     RETURN_IF_ERROR(tk.Wait());
-    delta.Add(kGpuToHost, bytes, Now() - t0);
+    delta.Add(kGpuToHost, bytes, NowSeconds() - t0);
   } else if (s.tier == kHost && d.tier == kGpu) {
     CopyTicket tk;
     RETURN_IF_ERROR(EngineCopy(CopyDirection::kHostToDevice, d.ptr, s.ptr, bytes, s.events, d.events, &tk));
     RETURN_IF_ERROR(tk.Wait());
-    delta.Add(kHostToGpu, bytes, Now() - t0);
+    delta.Add(kHostToGpu, bytes, NowSeconds() - t0);
   } else if (s.tier == kHost && d.tier == kNvme) {
     RETURN_IF_ERROR(SyncAll(s.events));
     RETURN_IF_ERROR(nvme->WriteSync(d.extent, 0, s.ptr, io_bytes));
-    delta.Add(kHostToNvme, io_bytes, Now() - t0);
+    delta.Add(kHostToNvme, io_bytes, NowSeconds() - t0);
   } else if (s.tier == kNvme && d.tier == kHost) {
     RETURN_IF_ERROR(SyncAll(d.events));
     RETURN_IF_ERROR(nvme->ReadSync(s.extent, 0, d.ptr, io_bytes));
-    delta.Add(kNvmeToHost, io_bytes, Now() - t0);
+    delta.Add(kNvmeToHost, io_bytes, NowSeconds() - t0);
   } else {
     return Internal("no direct link from " + TierStr(s.tier) + " to " + TierStr(d.tier));
   }
@@ -703,7 +690,7 @@ Status TierStore::Impl::Staged(const Side& s, const Side& d, uint64_t bytes, Lin
   auto io_of = [&](size_t i) { return AlignUp(std::max<uint64_t>(len_of(i), 1), 4096); };
   std::vector<Latch> nv(nb);          // the buffer's NVMe transfer
   std::vector<CopyTicket> pcie(nb);   // the buffer's PCIe copy
-  double t0 = Now();
+  double t0 = NowSeconds();
   Status first;
   auto keep = [&first](Status st) {
     if (first.ok() && !st.ok()) first = std::move(st);
@@ -754,7 +741,7 @@ Status TierStore::Impl::Staged(const Side& s, const Side& d, uint64_t bytes, Lin
   }
   GiveStaging(buf);
   if (!first.ok()) return first;
-  double dt = Now() - t0;
+  double dt = NowSeconds() - t0;
   const uint64_t io_bytes = AlignUp(total, 4096);
   if (s.tier == kGpu) {
     delta.Add(kGpuToHost, bytes, dt);

@@ -84,14 +84,15 @@
 #include <string>
 #include <string_view>
 
+#include "base/access.h"
+#include "base/dtype.h"
+#include "base/shape.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
 #include "tiers/copy_engine.h"
-#include "tiers/dtype.h"
 #include "tiers/gpu_tier.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme_tier.h"
-#include "tiers/shape.h"
-#include "tiers/status.h"
-#include "tiers/tier_kind.h"
 
 namespace strata {
 
@@ -101,9 +102,6 @@ struct TensorId {
   bool operator==(const TensorId& o) const { return value == o.value; }
   bool operator!=(const TensorId& o) const { return value != o.value; }
 };
-
-enum class Access : uint8_t { kRead, kReadWrite, kWriteDiscard };
-std::string_view AccessName(Access a);
 
 enum class EvictionPolicy : uint8_t {
   kLru,      // least recently used copy first

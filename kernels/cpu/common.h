@@ -21,10 +21,10 @@
 #include <oneapi/tbb/parallel_for.h>
 #include <oneapi/tbb/partitioner.h>
 
+#include "base/dtype.h"
+#include "base/half.h"
+#include "base/status.h"
 #include "kernels/cpu/convert.h"
-#include "tiers/dtype.h"
-#include "tiers/half.h"
-#include "tiers/status.h"
 
 namespace strata::kernels::cpu {
 

@@ -15,8 +15,8 @@
 #include <cstring>
 #include <type_traits>
 
+#include "base/half.h"
 #include "kernels/cpu/avx2.h"
-#include "tiers/half.h"
 
 namespace strata::kernels::cpu {
 

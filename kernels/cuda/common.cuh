@@ -12,9 +12,9 @@
 #include <cstdint>
 #include <string>
 
-#include "tiers/cuda_check.h"
-#include "tiers/dtype.h"
-#include "tiers/status.h"
+#include "base/cuda_check.h"
+#include "base/dtype.h"
+#include "base/status.h"
 
 namespace strata::kernels::cuda {
 

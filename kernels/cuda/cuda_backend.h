@@ -14,8 +14,8 @@
 #include <string_view>
 #include <vector>
 
+#include "base/status.h"
 #include "kernels/backend.h"
-#include "tiers/status.h"
 
 namespace strata::kernels {
 

@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include "base/cuda_check.h"
+#include "base/device.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/gemm.h"
 #include "kernels/cuda/ops.h"
-#include "tiers/cuda_check.h"
-#include "tiers/device.h"
 
 namespace strata::kernels {
 namespace {

@@ -45,8 +45,8 @@
 #include <vector>
 #include <memory>
 
+#include "base/status.h"
 #include "kernels/backend.h"
-#include "tiers/status.h"
 
 namespace strata::kernels::cuda {
 

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "tiers/cuda_check.h"
+#include "base/cuda_check.h"
 
 namespace strata::kernels::cuda {
 

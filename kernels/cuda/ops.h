@@ -10,9 +10,9 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/status.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
-#include "tiers/status.h"
 
 namespace strata::kernels::cuda {
 

@@ -9,10 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/bytes.h"
 #include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

@@ -2,8 +2,8 @@
 
 #include <cmath>
 
+#include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

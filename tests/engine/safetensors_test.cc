@@ -8,8 +8,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "base/half.h"
 #include "tests/test_util.h"
-#include "tiers/half.h"
 
 namespace strata {
 namespace {

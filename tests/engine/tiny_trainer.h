@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata::testing {
 

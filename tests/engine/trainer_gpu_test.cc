@@ -6,11 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
+#include "base/device.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
-#include "tiers/device.h"
 
 namespace strata {
 namespace {

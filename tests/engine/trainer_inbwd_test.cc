@@ -11,11 +11,11 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

@@ -13,11 +13,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

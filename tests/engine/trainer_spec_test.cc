@@ -19,13 +19,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/planner.h"
 #include "engine/trainer.h"
 #include "optim/grad_clip.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

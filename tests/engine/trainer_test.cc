@@ -10,11 +10,11 @@
 #include <filesystem>
 #include <sstream>
 
+#include "base/bytes.h"
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 #include "tiers/io_env.h"
 
 namespace strata {

@@ -6,11 +6,11 @@
 // make room on its own, and losses do not depend on the room.
 #include <sstream>
 
+#include "base/bytes.h"
 #include "engine/trainer.h"
 #include "kernels/gpt.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

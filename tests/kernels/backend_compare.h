@@ -19,11 +19,11 @@
 
 #include <gtest/gtest.h>
 
+#include "base/dtype.h"
+#include "base/half.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/test_util.h"
-#include "tiers/dtype.h"
-#include "tiers/half.h"
 
 namespace strata::testing {
 

@@ -11,12 +11,12 @@
 #include <random>
 #include <vector>
 
+#include "base/half.h"
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/convert.h"
 #include "kernels/cpu/isa.h"
 #include "tests/test_util.h"
-#include "tiers/half.h"
 
 namespace strata::kernels::cpu {
 namespace {

@@ -12,10 +12,10 @@
 
 #include <gtest/gtest.h>
 
+#include "base/half.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/convert.h"
 #include "tests/test_util.h"
-#include "tiers/half.h"
 
 namespace strata::kernels::testing {
 

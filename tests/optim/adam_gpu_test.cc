@@ -1,4 +1,4 @@
-// GPU Adam (kernels/cuda/adam.cu through optim::GpuAdamStep) against the CPU
+// GPU Adam (optim/cuda/adam.cu through optim::GpuAdamStep) against the CPU
 // Adam, on random inputs and hyperparameters, every dtype combination, sizes
 // 1..10^6+3, aligned (16-byte vector accesses) and misaligned (scalar path)
 // arrays.

@@ -11,9 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "base/dtype.h"
+#include "base/half.h"
 #include "optim/cpu_adam.h"
-#include "tiers/dtype.h"
-#include "tiers/half.h"
 
 namespace strata::optim::testing {
 

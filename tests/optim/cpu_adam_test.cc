@@ -9,11 +9,11 @@
 #include <limits>
 #include <random>
 
+#include "base/half.h"
 #include "optim/gpu_adam.h"
 #include "optim/grad_clip.h"
 #include "tests/optim/adam_test_util.h"
 #include "tests/test_util.h"
-#include "tiers/half.h"
 
 namespace strata::optim {
 namespace {
@@ -321,7 +321,7 @@ TEST(CpuAdam, CoefficientsAreTheHyperparametersRoundedOnce) {
   h.eps = 1e-8;
   h.weight_decay = 0.1;
   h.step = 3;
-  ASSERT_OK_AND_ASSIGN(kernels::AdamCoefficients c, MakeAdamCoefficients(h, 0.5));
+  ASSERT_OK_AND_ASSIGN(AdamCoefficients c, MakeAdamCoefficients(h, 0.5));
   EXPECT_EQ(c.beta1, 0.9f);
   EXPECT_EQ(c.one_minus_beta1, static_cast<float>(1.0 - 0.9));
   EXPECT_EQ(c.one_minus_beta2, static_cast<float>(1.0 - 0.95));

@@ -11,10 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "base/bytes.h"
+#include "base/status.h"
 #include "tests/c_api_test_util.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
-#include "tiers/status.h"
 #include "tiers/tier_store.h"
 
 namespace strata {

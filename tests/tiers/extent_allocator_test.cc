@@ -7,8 +7,8 @@
 #include <random>
 #include <vector>
 
+#include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

@@ -17,8 +17,8 @@
 #include <mutex>
 #include <tuple>
 
+#include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 #include "tiers/io_env.h"
 #include "tiers/nvme_tier.h"
 

@@ -18,8 +18,8 @@
 #include <thread>
 #include <tuple>
 
+#include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 
 namespace strata {
 namespace {

@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
+#include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
 #include "tiers/tier_store.h"
 
 namespace strata::stress {

@@ -1,8 +1,8 @@
 // The GPU Adam launcher of a build without CUDA (the real one is in
-// kernels/cuda/adam.cu).
-#include "kernels/adam_gpu.h"
+// optim/cuda/adam.cu).
+#include "optim/gpu_adam_launch.h"
 
-namespace strata::kernels {
+namespace strata::optim {
 
 #if !STRATA_WITH_CUDA
 Status LaunchAdamGpu(const AdamGpuShard&, const AdamCoefficients&, void*) {
@@ -10,4 +10,4 @@ Status LaunchAdamGpu(const AdamGpuShard&, const AdamCoefficients&, void*) {
 }
 #endif
 
-}  // namespace strata::kernels
+}  // namespace strata::optim

@@ -24,7 +24,7 @@
 #include <utility>
 #include <variant>
 
-#include "tiers/tier_kind.h"
+#include "base/tier_kind.h"
 
 namespace strata {
 

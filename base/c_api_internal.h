@@ -1,4 +1,4 @@
-// C++ side of the C API boundary (tiers/c_api.h, optim/c_api.h): turning a
+// C++ side of the C API boundary (base/c_api.h: the shared part of tiers/c_api.h and optim/c_api.h): turning a
 // Status into a strata_error, catching every exception, checking the enums a
 // C caller passes as plain ints. Used only by the c_api.cc files, which are
 // compiled into libstrata.so (not into the folder libraries).
@@ -12,10 +12,10 @@
 #include <string>
 #include <utility>
 
-#include "tiers/c_api.h"
-#include "tiers/dtype.h"
-#include "tiers/status.h"
-#include "tiers/tier_kind.h"
+#include "base/c_api.h"
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
 
 namespace strata::capi {
 

@@ -7,7 +7,7 @@
 #include <span>
 #include <string>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

@@ -1,9 +1,9 @@
-#include "tiers/status.h"
+#include "base/status.h"
 
 #include <cerrno>
 #include <cstring>
 
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 
 namespace strata {
 
@@ -25,12 +25,6 @@ std::string_view StatusCodeName(StatusCode code) {
   return "Unknown";
 }
 
-std::optional<TierKind> ParseTierKind(std::string_view s) {
-  if (s == "gpu" || s == "cuda" || s == "device") return TierKind::kGpu;
-  if (s == "host" || s == "cpu") return TierKind::kHost;
-  if (s == "nvme" || s == "disk") return TierKind::kNvme;
-  return std::nullopt;
-}
 
 Status Status::WithContext(std::string_view context) const {
   if (ok() || context.empty()) return *this;

@@ -1,4 +1,4 @@
-#include "tiers/bytes.h"
+#include "base/bytes.h"
 
 #include <cctype>
 #include <cmath>

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

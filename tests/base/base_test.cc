@@ -4,12 +4,12 @@
 #include <cmath>
 #include <limits>
 
+#include "base/bytes.h"
+#include "base/dtype.h"
+#include "base/half.h"
+#include "base/shape.h"
+#include "base/status.h"
 #include "tests/test_util.h"
-#include "tiers/bytes.h"
-#include "tiers/dtype.h"
-#include "tiers/half.h"
-#include "tiers/shape.h"
-#include "tiers/status.h"
 
 namespace strata {
 namespace {

@@ -1,4 +1,4 @@
-#include "tiers/dtype.h"
+#include "base/dtype.h"
 
 #include <array>
 #include <utility>

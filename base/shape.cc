@@ -1,4 +1,4 @@
-#include "tiers/shape.h"
+#include "base/shape.h"
 
 #include <cstdlib>
 #include <limits>

@@ -1,31 +1,14 @@
-#include "tiers/device.h"
+#include "base/device.h"
 
 #include <string>
 
-#include "tiers/cuda_check.h"
+#include "base/cuda_check.h"
 
 namespace strata {
 
 bool BuiltWithCuda() { return STRATA_WITH_CUDA != 0; }
 
 #if STRATA_WITH_CUDA
-
-Status CudaStatus(cudaError_t err, const char* expr, const char* file, int line) {
-  // Clear the non-sticky error so it is reported once. For a sticky error the
-  // context is unusable; cudaGetLastError() keeps returning it.
-  cudaError_t last = cudaGetLastError();
-  bool sticky = (last == err && cudaPeekAtLastError() == err);
-  Status::Rep rep;
-  rep.code = (err == cudaErrorMemoryAllocation) ? StatusCode::kOutOfMemory
-             : (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver)
-                 ? StatusCode::kUnavailable
-                 : StatusCode::kCudaError;
-  if (rep.code == StatusCode::kOutOfMemory) rep.tier = TierKind::kGpu;
-  rep.message = std::string(cudaGetErrorName(err)) + " (" + cudaGetErrorString(err) + ") in " +
-                expr + " at " + file + ":" + std::to_string(line);
-  if (sticky) rep.message += "; the error is sticky: the CUDA context is unusable";
-  return Status(std::move(rep));
-}
 
 int CudaDeviceCount(std::string* why) {
   int n = 0;

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 namespace strata {
 

@@ -8,7 +8,7 @@
 // Only for code built with CUDA (STRATA_WITH_CUDA=1).
 #pragma once
 
-#include "tiers/status.h"
+#include "base/status.h"
 
 #if STRATA_WITH_CUDA
 #include <cuda_runtime.h>

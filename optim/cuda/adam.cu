@@ -1,9 +1,9 @@
-// The fused GPU Adam/AdamW step (kernels/adam_gpu.h): one grid-stride pass
+// The fused GPU Adam/AdamW step (optim/gpu_adam_launch.h): one grid-stride pass
 // reads the gradient, updates master weights and moments in place, writes the
 // optional parameter copy and counts non-finite gradient values.
 //
 // Bitwise the same as the CPU Adam: the per-element sequence of
-// kernels/adam_gpu.h (AdamCoefficients) is written with the explicitly
+// optim/adam_coefficients.h is written with the explicitly
 // rounded intrinsics (__fmul_rn, __fmaf_rn, __fsqrt_rn, __fdiv_rn), which
 // nvcc never contracts or approximates, and the conversions round to nearest
 // even (__float2half_rn, __float2bfloat16_rn). Subnormals are kept (this file
@@ -17,14 +17,14 @@
 #include <cstdint>
 #include <string>
 
-#include "kernels/adam_gpu.h"
-#include "tiers/cuda_check.h"
+#include "base/cuda_check.h"
+#include "optim/gpu_adam_launch.h"
 
 #ifdef __USE_FAST_MATH__
-#error "kernels/cuda/adam.cu must not be built with --use_fast_math: it must match the CPU Adam bit for bit"
+#error "optim/cuda/adam.cu must not be built with --use_fast_math: it must match the CPU Adam bit for bit"
 #endif
 
-namespace strata::kernels {
+namespace strata::optim {
 
 namespace {
 
@@ -100,7 +100,7 @@ __device__ __forceinline__ uint32_t NonFinite(float x) {
   return (__float_as_uint(x) & 0x7f800000u) == 0x7f800000u ? 1u : 0u;
 }
 
-// The contract of kernels/adam_gpu.h, one rounding per operation.
+// The contract of optim/adam_coefficients.h, one rounding per operation.
 __device__ __forceinline__ void AdamElement(const AdamCoefficients& c, float g, float& p, float& m, float& v) {
   g = __fmul_rn(g, c.grad_scale);
   if (c.l2_decay != 0.f) g = __fmaf_rn(p, c.l2_decay, g);
@@ -251,4 +251,4 @@ Status LaunchAdamGpu(const AdamGpuShard& s, const AdamCoefficients& c, void* str
   return Status::OK();
 }
 
-}  // namespace strata::kernels
+}  // namespace strata::optim
