@@ -4,6 +4,10 @@
 #   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads
 # `build` builds everything (or only TARGETS="a b" when set). Each stage has
 # its own timeout so one hang does not cost the rest.
+# On a machine without a package registry the Debian dependencies come from
+# .devdeps/ (made by scripts/pack-deps.sh, copied along with the tree), whose
+# env.sh is sourced here; without it the machine's own packages are used
+# (docs/gpu-machine.md).
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-check-out}
 # Logs go to LOGS and are packed into $OUT/logs.tgz at exit (the device tool
@@ -13,8 +17,12 @@ mkdir -p "$OUT" "$LOGS"
 trap 'cp "$LOGS/summary.txt" "$OUT/" 2>/dev/null; tar czf "$OUT/logs.tgz" -C "$LOGS" . 2>/dev/null' EXIT
 BUILD=${BUILD:-build-gpu}
 JOBS=${JOBS:-$(nproc)}
-[ -f .devdeps/env.sh ] && source .devdeps/env.sh
 log() { echo "== $*" | tee -a "$LOGS/summary.txt"; }
+if [ -f .devdeps/env.sh ]; then
+  source .devdeps/env.sh || { log "sourcing .devdeps/env.sh failed"; exit 1; }
+else
+  log "no .devdeps/env.sh (scripts/pack-deps.sh makes it): using the machine's own packages"
+fi
 run() {  # run NAME TIMEOUT CMD...
   local name=$1 t=$2; shift 2
   log "$name: $*"
