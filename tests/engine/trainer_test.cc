@@ -15,7 +15,7 @@
 #include "engine/safetensors.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
+#include "tiers/nvme/io_env.h"
 
 namespace strata {
 namespace {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
+#include "tiers/nvme/io_env.h"
 
 namespace strata {
 namespace {

@@ -19,8 +19,8 @@
 
 #include "base/bytes.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
-#include "tiers/nvme_tier.h"
+#include "tiers/nvme/io_env.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace strata {
 namespace {
