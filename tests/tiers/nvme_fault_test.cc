@@ -5,7 +5,6 @@
 // extents' data is intact afterwards.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>

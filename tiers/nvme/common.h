@@ -2,7 +2,8 @@
 // log line, and the two small error helpers the pieces build their messages
 // with. Internal to tiers/nvme/.
 //
-// Thread-safety: all functions are pure or write one line to stderr.
+// Ownership: nothing is owned. Thread-safety: all functions are pure or write
+// one line to stderr.
 #pragma once
 
 #include <cstdint>
