@@ -36,7 +36,7 @@
 #include "base/bytes.h"
 #include "bench/bench.h"
 #include "bench/raw_io.h"
-#include "tiers/nvme_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace po = boost::program_options;
 

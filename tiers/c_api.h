@@ -76,7 +76,7 @@ typedef struct strata_store_options {
   uint64_t host_budget_bytes;    /* 0: half of the machine's memory */
   uint64_t host_slab_bytes;      /* growth step, <= 1 GiB; 0: the whole budget at once */
   int host_pin;                  /* 1: pinned (cudaHostRegister, else mlock); 0: pageable */
-  /* nvme tier (tiers/nvme_tier.h): present when nvme_dir_count > 0 */
+  /* nvme tier (tiers/nvme/nvme_tier.h): present when nvme_dir_count > 0 */
   const char* const* nvme_dirs;  /* directories that must exist; copied by open */
   size_t nvme_dir_count;
   uint64_t nvme_capacity_bytes;  /* over all files; 0: the disks' space */

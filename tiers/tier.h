@@ -1,6 +1,6 @@
 // The memory-tier interface: byte-addressable tiers that hand out blocks
 // within a budget. GpuTier (tiers/gpu_tier.h) and HostTier
-// (tiers/host_tier.h) implement it; the NVMe tier (tiers/nvme_tier.h) is
+// (tiers/host_tier.h) implement it; the NVMe tier (tiers/nvme/nvme_tier.h) is
 // file-backed and has its own extent-based API.
 //
 // Budgets are exact: the sum of the (rounded) sizes of live blocks never

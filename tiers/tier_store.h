@@ -92,7 +92,7 @@
 #include "tiers/copy_engine.h"
 #include "tiers/gpu_tier.h"
 #include "tiers/host_tier.h"
-#include "tiers/nvme_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace strata {
 

@@ -14,8 +14,8 @@
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "tests/engine/tiny_trainer.h"
+#include "tests/fault_io_env.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
 
 namespace strata {
 namespace {
@@ -321,19 +321,9 @@ TEST(Trainer, DryRunPrintsThePlan) {
 
 // ENOSPC from the NVMe swap file mid-run: a clear error naming the file, and
 // the checkpoint written before stays loadable.
-class FullDiskEnv : public IoEnvWrapper {
- public:
-  FullDiskEnv() : IoEnvWrapper(IoEnv::Default()) {}
-  std::atomic<int> writes_left{1 << 30};
-  int32_t CompleteIo(const IoOp& op, int32_t res) override {
-    if (op.write && writes_left.fetch_sub(1) <= 0) return -ENOSPC;
-    return IoEnvWrapper::CompleteIo(op, res);
-  }
-};
-
 TEST(Trainer, FullDiskDuringTrainingIsAClearErrorAndTheCheckpointSurvives) {
   TempDir nvme, ckpt;
-  FullDiskEnv env;
+  testing::FaultIoEnv env;
   TrainOptions o = Tiny(6);
   o.config.zero.offload_optimizer.device = "nvme";
   o.config.zero.offload_optimizer.nvme_path = nvme.path();
@@ -342,7 +332,8 @@ TEST(Trainer, FullDiskDuringTrainingIsAClearErrorAndTheCheckpointSurvives) {
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
   ASSERT_OK(t->Step().status());
   ASSERT_OK(t->Save(ckpt.path()));
-  env.writes_left = 0;
+  env.Add({.site = testing::FaultSite::kCompleteIo, .io = testing::FaultIo::kWrite,
+           .error = ENOSPC});  // every write from now on
   Status failure;
   for (int i = 0; i < 4 && failure.ok(); ++i) {
     auto r = t->Step();

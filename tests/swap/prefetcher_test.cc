@@ -12,8 +12,8 @@
 #include <set>
 #include <thread>
 
+#include "tests/fault_io_env.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
 
 namespace strata {
 namespace {
@@ -427,19 +427,9 @@ INSTANTIATE_TEST_SUITE_P(Budgets, PrefetcherTraffic,
 
 // A write-back that fails (the disk is full) is reported by the next call,
 // and by every call after it; the data stays in the faster copy.
-class FullDisk : public IoEnvWrapper {
- public:
-  FullDisk() : IoEnvWrapper(IoEnv::Default()) {}
-  std::atomic<bool> full{false};
-  int32_t CompleteIo(const IoOp& op, int32_t res) override {
-    res = IoEnvWrapper::CompleteIo(op, res);
-    return op.write && full ? -ENOSPC : res;
-  }
-};
-
 TEST(PrefetcherFault, AFailedWriteBackSticks) {
   testing::TempDir dir;
-  FullDisk env;
+  testing::FaultIoEnv env;
   TierStoreOptions o;
   o.gpu = false;
   o.host_tier.budget_bytes = 4 * kMiB;
@@ -481,7 +471,8 @@ TEST(PrefetcherFault, AFailedWriteBackSticks) {
   ASSERT_OK_AND_ASSIGN(TensorView v, p->Acquire(ids[0], Access::kReadWrite));
   std::vector<uint8_t> data = RandomBytes(bytes, 5);
   std::memcpy(v.data, data.data(), bytes);
-  env.full = true;
+  env.Add({.site = testing::FaultSite::kCompleteIo, .io = testing::FaultIo::kWrite,
+           .error = ENOSPC});  // the disk is full
   // m0 leaves: its write-back starts. The failure comes back from this call
   // (when the write-back is already over) or the next one, which needs m0's
   // room and waits for it.
@@ -491,7 +482,7 @@ TEST(PrefetcherFault, AFailedWriteBackSticks) {
   EXPECT_EQ(r.sys_errno(), ENOSPC);
   EXPECT_THAT(r.ToString(), HasSubstr("evicting 'm0' (host)"));
   EXPECT_THAT(p->Poll(), StatusIs(StatusCode::kIoError));  // sticky
-  env.full = false;
+  env.Clear();
   std::vector<uint8_t> back(bytes);
   ASSERT_OK(store->Read(ids[0], back.data(), bytes));
   EXPECT_EQ(back, data);  // nothing lost

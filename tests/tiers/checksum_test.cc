@@ -1,6 +1,6 @@
 // crc32c and xxhash64 against published vectors; the SSE4.2 and table paths
 // against each other on awkward lengths and alignments.
-#include "tiers/checksum.h"
+#include "tiers/nvme/checksum.h"
 
 #include <cstring>
 #include <string>

@@ -1,6 +1,6 @@
 // ExtentAllocator: alignment, best fit, coalescing, tail give-back,
 // exhaustion, double frees, and a randomized run against a byte map.
-#include "tiers/extent_allocator.h"
+#include "tiers/nvme/extent_allocator.h"
 
 #include <algorithm>
 #include <map>

@@ -1,10 +1,10 @@
-// Fault injection into the NVMe tier through the IoEnv seam, and real faults
-// made behind the tier's back (a truncated, deleted or corrupted swap file, a
-// non-writable directory). Each test checks the specific code, errno, file and
-// offset, and that the other extents' data is intact afterwards.
+// Fault injection into the NVMe tier through the IoEnv seam (FaultIoEnv,
+// tests/fault_io_env.h), and real faults made behind the tier's back (a
+// truncated, deleted or corrupted swap file, a non-writable directory). Each
+// test checks the specific code, errno, file and offset, and that the other
+// extents' data is intact afterwards.
 #include <fcntl.h>
 #include <sys/stat.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -13,18 +13,20 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <mutex>
 #include <tuple>
 
 #include "base/bytes.h"
+#include "tests/fault_io_env.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
-#include "tiers/nvme_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace strata {
 namespace {
 
+using ::strata::testing::FaultIo;
+using ::strata::testing::FaultIoEnv;
+using ::strata::testing::FaultSite;
 using ::strata::testing::StatusIs;
 using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
@@ -47,68 +49,6 @@ class Buf {
  private:
   size_t n_;
   uint8_t* p_;
-};
-
-// An IoEnv whose hooks, when set, decide instead of the real OS. Set the
-// hooks before the I/O they affect; they run on the tier's I/O threads, so
-// state they keep must be atomic.
-class FaultEnv : public IoEnvWrapper {
- public:
-  static constexpr int kForward = 1;  // a hook's "do the real thing"
-  std::function<int(const std::string& path, int flags)> open;
-  std::function<int(uint64_t offset, uint64_t len)> fallocate;
-  std::function<int()> ring_init;
-  std::function<int()> submit_and_wait;
-  std::function<int(unsigned slot, size_t bytes)> update_buffers;
-  std::function<int(IoOp& op)> prepare;
-  std::function<int32_t(const IoOp& op, int32_t res)> complete;
-
-  int Open(const std::string& path, int flags, mode_t mode) override {
-    if (open) {
-      int r = open(path, flags);
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::Open(path, flags, mode);
-  }
-  int Fallocate(int fd, int mode, uint64_t offset, uint64_t len) override {
-    if (fallocate) {
-      int r = fallocate(offset, len);
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::Fallocate(fd, mode, offset, len);
-  }
-  int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
-    if (ring_init) {
-      int r = ring_init();
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::RingInit(entries, ring, flags);
-  }
-  int SubmitAndWait(io_uring* ring, unsigned wait_nr) override {
-    if (submit_and_wait) {
-      int r = submit_and_wait();
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::SubmitAndWait(ring, wait_nr);
-  }
-  int UpdateBuffers(io_uring* ring, unsigned slot, const iovec* iovs, unsigned n) override {
-    if (update_buffers) {
-      int r = update_buffers(slot, n ? iovs[0].iov_len : 0);
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::UpdateBuffers(ring, slot, iovs, n);
-  }
-  int PrepareIo(IoOp& op) override {
-    if (prepare) {
-      int r = prepare(op);
-      if (r != kForward) return r;
-    }
-    return IoEnvWrapper::PrepareIo(op);
-  }
-  int32_t CompleteIo(const IoOp& op, int32_t res) override {
-    res = IoEnvWrapper::CompleteIo(op, res);
-    return complete ? complete(op, res) : res;
-  }
 };
 
 #define OPEN_OR_SKIP(var, opts)                                             \
@@ -155,7 +95,7 @@ class NvmeFault : public ::testing::Test {
   const std::string& file() const { return tier_->files()[0]; }
 
   TempDir dir_;
-  FaultEnv env_;
+  FaultIoEnv env_;
   std::string skip_;
   std::unique_ptr<NvmeTier> tier_;
   std::vector<Extent> ext_;
@@ -171,11 +111,8 @@ TEST_F(NvmeFault, ReadEioNamesFileOffsetAndErrno) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
   const uint64_t bad = ext_[1].offset + kMiB;
-  std::atomic<int> injected{0};
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    if (!op.write && op.offset == bad && injected.fetch_add(1) == 0) return int32_t{-EIO};
-    return res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .offset = bad, .times = 1,
+            .error = EIO});
   Buf back(kExtent);
   std::atomic<int> calls{0};
   Status got;
@@ -205,16 +142,14 @@ TEST_F(NvmeFault, WriteEioNamesFileOffsetAndErrno) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
   const uint64_t bad = ext_[2].offset + 2 * kMiB;
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    return op.write && op.offset == bad ? int32_t{-EIO} : res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kWrite, .offset = bad, .error = EIO});
   Buf fresh(kExtent, 99);
   Status s = tier_->WriteSync(ext_[2], 0, fresh.data(), kExtent);
   EXPECT_THAT(s, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(s.sys_errno(), EIO);
   EXPECT_EQ(s.path(), file());
   EXPECT_EQ(s.offset(), bad);
-  env_.complete = nullptr;
+  env_.Clear();
   ExpectIntact(2);
   ASSERT_OK(tier_->WriteSync(ext_[2], 0, fresh.data(), kExtent));  // the tier stays usable
   Buf back(kExtent);
@@ -225,7 +160,7 @@ TEST_F(NvmeFault, WriteEioNamesFileOffsetAndErrno) {
 TEST_F(NvmeFault, WriteEnospcFromTheDevice) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  env_.complete = [&](const IoOp& op, int32_t res) { return op.write ? int32_t{-ENOSPC} : res; };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kWrite, .error = ENOSPC});
   Buf fresh(kExtent, 98);
   Status s = tier_->WriteSync(ext_[0], kMiB, fresh.data(), kMiB);
   EXPECT_THAT(s, StatusIs(StatusCode::kIoError));
@@ -241,14 +176,14 @@ TEST_F(NvmeFault, FallocateEnospc) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
   const uint64_t used = tier_->stats().used;
-  env_.fallocate = [](uint64_t, uint64_t) { return -ENOSPC; };
+  env_.Add({.site = FaultSite::kFallocate, .error = ENOSPC});
   auto r = tier_->Allocate(kMiB);
   ASSERT_THAT(r, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(r.status().sys_errno(), ENOSPC);
   EXPECT_EQ(r.status().path(), file());
   EXPECT_EQ(r.status().offset(), 3 * kExtent);  // the end of the file
   EXPECT_EQ(tier_->stats().used, used);
-  env_.fallocate = nullptr;
+  env_.Clear();
   ASSERT_OK_AND_ASSIGN(Extent e, tier_->Allocate(kMiB));
   EXPECT_EQ(e.offset, 3 * kExtent);  // the failed attempt left no hole or growth behind
   ExpectIntact();
@@ -257,19 +192,16 @@ TEST_F(NvmeFault, FallocateEnospc) {
 // With two directories, a full one is skipped.
 TEST(NvmeFaultDirs, FallocateEnospcInOneDirectoryUsesTheOther) {
   TempDir a, b;
-  FaultEnv env;
+  FaultIoEnv env;
   NvmeOptions o;
   o.dirs = {a.path(), b.path()};
   o.env = &env;
   OPEN_OR_SKIP(tier, o);
   // Both files are empty, so file 0 is tried first: fail only that attempt.
-  std::atomic<int> calls{0};
-  env.fallocate = [&](uint64_t, uint64_t) {
-    return calls.fetch_add(1) == 0 ? -ENOSPC : FaultEnv::kForward;
-  };
+  env.Add({.site = FaultSite::kFallocate, .times = 1, .error = ENOSPC});
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
   EXPECT_EQ(e.file, 1u);
-  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(env.calls(FaultSite::kFallocate), 2u);
   Buf src(kMiB, 3), back(kMiB);
   ASSERT_OK(tier->WriteSync(e, 0, src.data(), kMiB));
   ASSERT_OK(tier->ReadSync(e, 0, back.data(), kMiB));
@@ -281,10 +213,7 @@ TEST(NvmeFaultDirs, FallocateEnospcInOneDirectoryUsesTheOther) {
 TEST_F(NvmeFault, ShortReadsAreCompletedByRequeueing) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  env_.prepare = [](IoOp& op) {
-    if (!op.write && op.len > 4096) op.len = static_cast<uint32_t>(AlignUp(op.len / 2, 4096));
-    return FaultEnv::kForward;
-  };
+  env_.Add({.site = FaultSite::kPrepareIo, .io = FaultIo::kRead, .len_divisor = 2});
   ExpectIntact();
   NvmeStats s = tier_->stats();
   // Each 1 MiB piece is submitted as 512K, 256K, ... 4K, 4K: 8 short completions.
@@ -295,15 +224,12 @@ TEST_F(NvmeFault, ShortReadsAreCompletedByRequeueing) {
 TEST_F(NvmeFault, ShortWritesAreCompletedByRequeueing) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  env_.prepare = [](IoOp& op) {
-    if (op.write && op.len > 4096) op.len = static_cast<uint32_t>(AlignUp(op.len / 3, 4096));
-    return FaultEnv::kForward;
-  };
+  env_.Add({.site = FaultSite::kPrepareIo, .io = FaultIo::kWrite, .len_divisor = 3});
   Buf fresh(kExtent, 77);
   const uint64_t before = tier_->stats().short_requeued;
   ASSERT_OK(tier_->WriteSync(ext_[1], 0, fresh.data(), kExtent));
   EXPECT_GT(tier_->stats().short_requeued, before);
-  env_.prepare = nullptr;
+  env_.Clear();
   data_[1] = std::make_unique<Buf>(kExtent, 77);
   ExpectIntact();
 }
@@ -313,12 +239,8 @@ TEST_F(NvmeFault, ShortWritesAreCompletedByRequeueing) {
 TEST_F(NvmeFault, ShortCompletionResultIsRequeued) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  std::atomic<int> shortened{0};
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    if (!op.write && res == static_cast<int32_t>(kMiB) && shortened.fetch_add(1) < 5)
-      return int32_t{8192};
-    return res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .first_attempt = true,
+            .times = 5, .result_cap = 8192});
   ExpectIntact();
   EXPECT_EQ(tier_->stats().short_requeued, 5u);
 }
@@ -326,10 +248,7 @@ TEST_F(NvmeFault, ShortCompletionResultIsRequeued) {
 TEST_F(NvmeFault, EagainIsRetried) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  std::atomic<int> left{3};
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    return !op.write && left.fetch_sub(1) > 0 ? int32_t{-EAGAIN} : res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .times = 3, .error = EAGAIN});
   ExpectIntact();
   EXPECT_EQ(tier_->stats().retried, 3u);
   EXPECT_EQ(tier_->stats().errors, 0u);
@@ -338,12 +257,9 @@ TEST_F(NvmeFault, EagainIsRetried) {
 TEST_F(NvmeFault, EintrAndEagainAtSubmissionAreRetried) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  std::atomic<int> left{4};
-  env_.prepare = [&](IoOp& op) {
-    int n = left.fetch_sub(1);
-    if (n > 0) return n % 2 ? -EINTR : -EAGAIN;
-    return FaultEnv::kForward;
-  };
+  for (int i = 0; i < 4; ++i)  // EAGAIN, EINTR, EAGAIN, EINTR
+    env_.Add({.site = FaultSite::kPrepareIo, .skip = i, .times = 1,
+              .error = i % 2 ? EINTR : EAGAIN});
   ExpectIntact();
   EXPECT_EQ(tier_->stats().retried, 4u);
 }
@@ -351,9 +267,8 @@ TEST_F(NvmeFault, EintrAndEagainAtSubmissionAreRetried) {
 TEST_F(NvmeFault, EagainForeverBecomesARetryableError) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    return !op.write && op.offset == ext_[0].offset ? int32_t{-EAGAIN} : res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .offset = ext_[0].offset,
+            .error = EAGAIN});
   Buf back(kExtent);
   Status s = tier_->ReadSync(ext_[0], 0, back.data(), kExtent);
   EXPECT_THAT(s, StatusIs(StatusCode::kIoError));
@@ -361,7 +276,7 @@ TEST_F(NvmeFault, EagainForeverBecomesARetryableError) {
   EXPECT_TRUE(s.retryable());
   EXPECT_EQ(s.offset(), ext_[0].offset);
   EXPECT_THAT(s.ToString(), HasSubstr("retries"));
-  env_.complete = nullptr;
+  env_.Clear();
   ExpectIntact();
 }
 
@@ -371,7 +286,7 @@ TEST_F(NvmeFault, FailedSubmissionOfOnePiece) {
   ASSERT_NO_FATAL_FAILURE(OpenTier());
   SKIP_IF_NO_TIER();
   const uint64_t bad = ext_[2].offset + 2 * kMiB;
-  env_.prepare = [&](IoOp& op) { return op.offset == bad ? -EBADF : FaultEnv::kForward; };
+  env_.Add({.site = FaultSite::kPrepareIo, .offset = bad, .error = EBADF});
   Buf back(kExtent);
   Status s = tier_->ReadSync(ext_[2], 0, back.data(), kExtent);
   EXPECT_THAT(s, StatusIs(StatusCode::kIoError));
@@ -384,7 +299,7 @@ TEST_F(NvmeFault, FailedSubmissionOfOnePiece) {
 // that error; the other transfers in flight at the same time are unaffected.
 TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
   TempDir d;
-  FaultEnv env;
+  FaultIoEnv env;
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
@@ -402,9 +317,7 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
     ASSERT_OK(tier->WriteSync(e, 0, src.back()->data(), kN));
   }
   const uint64_t bad = ext[2].offset + 5 * kMiB + 256 * kKiB;
-  env.complete = [&](const IoOp& op, int32_t res) {
-    return op.offset == bad ? int32_t{-EIO} : res;
-  };
+  env.Add({.site = FaultSite::kCompleteIo, .offset = bad, .error = EIO});
   std::vector<std::unique_ptr<Buf>> back;
   std::mutex mu;
   std::condition_variable cv;
@@ -438,10 +351,8 @@ TEST(NvmeFaultRings, ErrorInOnePartOfASplitTransfer) {
 
 TEST(NvmeFaultOpen, ODirectRefused) {
   TempDir d;
-  FaultEnv env;
-  env.open = [](const std::string&, int flags) {
-    return (flags & O_DIRECT) ? -EINVAL : FaultEnv::kForward;
-  };
+  FaultIoEnv env;
+  env.Add({.site = FaultSite::kOpen, .open_flags = O_DIRECT, .error = EINVAL});
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
@@ -512,8 +423,8 @@ TEST(NvmeFaultOpen, NonWritableDirectory) {
 TEST(NvmeFaultOpen, NonWritableDirectoryInjected) {
   for (int err : {EACCES, EROFS}) {
     TempDir d;
-    FaultEnv env;
-    env.open = [err](const std::string&, int) { return -err; };
+    FaultIoEnv env;
+    env.Add({.site = FaultSite::kOpen, .error = err});
     NvmeOptions o;
     o.dirs = {d.path()};
     o.env = &env;
@@ -527,8 +438,8 @@ TEST(NvmeFaultOpen, NonWritableDirectoryInjected) {
 
 TEST(NvmeFaultOpen, IoUringUnavailable) {
   TempDir d;
-  FaultEnv env;
-  env.ring_init = [] { return -ENOSYS; };
+  FaultIoEnv env;
+  env.Add({.site = FaultSite::kRingInit, .error = ENOSYS});
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
@@ -543,16 +454,16 @@ TEST(NvmeFaultOpen, IoUringUnavailable) {
 // RegisterBuffer still succeeds and transfers use unregistered I/O.
 TEST(NvmeFaultOpen, BufferRegistrationRefusedFallsBack) {
   TempDir d;
-  FaultEnv env;
+  FaultIoEnv env;
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
   OPEN_OR_SKIP(tier, o);
-  env.update_buffers = [](unsigned, size_t bytes) { return bytes ? -ENOMEM : FaultEnv::kForward; };
+  env.Add({.site = FaultSite::kUpdateBuffers, .error = ENOMEM});
   Buf pool(kMiB, 2), back(kMiB);
   ASSERT_OK(tier->RegisterBuffer(pool.data(), pool.size()));
   EXPECT_EQ(tier->stats().registered_bytes, 0u);
-  env.update_buffers = nullptr;
+  env.Clear();
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
   ASSERT_OK(tier->WriteSync(e, 0, pool.data(), kMiB));
   ASSERT_OK(tier->ReadSync(e, 0, back.data(), kMiB));
@@ -565,22 +476,20 @@ TEST(NvmeFaultOpen, BufferRegistrationRefusedFallsBack) {
 // ring stays failed (sticky) for later transfers, and the tier shuts down.
 TEST(NvmeFaultOpen, FatalSubmitErrorIsSticky) {
   TempDir d;
-  FaultEnv env;
+  FaultIoEnv env;
   NvmeOptions o;
   o.dirs = {d.path()};
   o.env = &env;
-  // The hook is set before the ring thread runs (it calls it all the time).
-  std::atomic<bool> broken{false};
-  env.submit_and_wait = [&] { return broken.load() ? -EBADF : FaultEnv::kForward; };
   OPEN_OR_SKIP(tier, o);
   ASSERT_OK_AND_ASSIGN(Extent e, tier->Allocate(kMiB));
   Buf src(kMiB, 4);
   ASSERT_OK(tier->WriteSync(e, 0, src.data(), kMiB));
-  broken = true;
+  // Armed while the ring thread runs (it calls SubmitAndWait all the time).
+  env.Add({.site = FaultSite::kSubmitAndWait, .error = EBADF});
   Status s = tier->WriteSync(e, 0, src.data(), kMiB);
   EXPECT_THAT(s, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(s.sys_errno(), EBADF);
-  broken = false;
+  env.Clear();
   Status again = tier->ReadSync(e, 0, src.data(), kMiB);
   EXPECT_THAT(again, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(again.sys_errno(), EBADF);
@@ -722,12 +631,10 @@ TEST_F(NvmeFault, FailedWritePoisonsItsBlocksUntilRewritten) {
   ASSERT_NO_FATAL_FAILURE(OpenTier(o));
   SKIP_IF_NO_TIER();
   const uint64_t bad = ext_[0].offset + kMiB;
-  env_.complete = [&](const IoOp& op, int32_t res) {
-    return op.write && op.offset == bad ? int32_t{-EIO} : res;
-  };
+  env_.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kWrite, .offset = bad, .error = EIO});
   Buf fresh(kExtent, 31);
   EXPECT_THAT(tier_->WriteSync(ext_[0], 0, fresh.data(), kExtent), StatusIs(StatusCode::kIoError));
-  env_.complete = nullptr;
+  env_.Clear();
   Buf back(kExtent);
   Status s = tier_->ReadSync(ext_[0], 0, back.data(), kExtent);
   EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));

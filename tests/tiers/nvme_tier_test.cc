@@ -3,7 +3,7 @@
 // submission modes / rings (liburing test/read-write.c style), several
 // directories, concurrent callers, registered buffers, checksums, callbacks,
 // capacity, argument checks, and draining at destruction.
-#include "tiers/nvme_tier.h"
+#include "tiers/nvme/nvme_tier.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

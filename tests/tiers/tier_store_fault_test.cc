@@ -1,58 +1,35 @@
-// Fault injection under the TierStore through the NVMe tier's IoEnv seam, and
-// real faults behind its back (truncated, corrupted, deleted swap file): each
-// is a specific error at the next call on the tensor concerned, never a crash
-// and never wrong data, and the other tensors keep their data.
+// Fault injection under the TierStore through the NVMe tier's IoEnv seam
+// (FaultIoEnv, tests/fault_io_env.h), and real faults behind its back
+// (truncated, corrupted, deleted swap file): each is a specific error at the
+// next call on the tensor concerned, never a crash and never wrong data, and
+// the other tensors keep their data.
 #include <fcntl.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <thread>
 
+#include "tests/fault_io_env.h"
 #include "tests/test_util.h"
-#include "tiers/io_env.h"
 #include "tiers/tier_store.h"
 
 namespace strata {
 namespace {
 
+using ::strata::testing::FaultIo;
+using ::strata::testing::FaultIoEnv;
+using ::strata::testing::FaultSite;
 using ::strata::testing::RandomBytes;
 using ::strata::testing::StatusIs;
 using ::testing::HasSubstr;
 
 constexpr TierKind kGpu = TierKind::kGpu, kHost = TierKind::kHost, kNvme = TierKind::kNvme;
 
-// Faults armed by the test, applied by the NVMe tier's I/O threads.
-class FaultEnv : public IoEnvWrapper {
- public:
-  std::atomic<int> fail_reads{0};       // errno to return from block reads, 0 = none
-  std::atomic<int> fail_writes{0};      // errno to return from block writes
-  std::atomic<bool> short_ios{false};   // cut every block I/O to 4096 bytes
-  std::atomic<int> open_errno{0};       // errno for open(2) of the swap file
-  std::atomic<bool> refuse_direct{false};
-
-  int Open(const std::string& path, int flags, mode_t mode) override {
-    if (refuse_direct && (flags & O_DIRECT)) return -EINVAL;
-    if (int e = open_errno.load()) return -e;
-    return IoEnvWrapper::Open(path, flags, mode);
-  }
-  int PrepareIo(IoOp& op) override {
-    if (short_ios && op.len > 4096) op.len = 4096;
-    return IoEnvWrapper::PrepareIo(op);
-  }
-  int32_t CompleteIo(const IoOp& op, int32_t res) override {
-    res = IoEnvWrapper::CompleteIo(op, res);
-    if (int e = (op.write ? fail_writes : fail_reads).load()) return -e;
-    return res;
-  }
-};
-
 class StoreFault : public ::testing::Test {
  protected:
   testing::TempDir dir;
-  FaultEnv env;
+  FaultIoEnv env;  // faults armed by the test, applied by the NVMe tier's I/O threads
   std::unique_ptr<TierStore> store;
 
   TierStoreOptions Options(ChecksumKind checksum = ChecksumKind::kNone) {
@@ -118,10 +95,10 @@ class StoreFault : public ::testing::Test {
 TEST_F(StoreFault, ReadEioDuringPrefetchIsReportedAtTheNextCall) {
   Open();
   TensorId a = OnDisk("a", 200 * kKiB, 1), b = OnDisk("b", 200 * kKiB, 2);
-  env.fail_reads = EIO;
+  env.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .error = EIO});
   ASSERT_OK_AND_ASSIGN(Ticket t, store->Prefetch(a, kHost));  // not waited on
   WaitForFailures(1);
-  env.fail_reads = 0;
+  env.Clear();
   auto r = store->Acquire(a, kHost, Access::kRead);
   ASSERT_THAT(r, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(r.status().sys_errno(), EIO);
@@ -138,13 +115,13 @@ TEST_F(StoreFault, ReadEioDuringPrefetchIsReportedAtTheNextCall) {
 TEST_F(StoreFault, ReadEioThroughStagingFailsTheTicket) {
   Open();
   TensorId a = OnDisk("a", 300 * kKiB, 3);
-  env.fail_reads = EIO;
+  env.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kRead, .error = EIO});
   ASSERT_OK_AND_ASSIGN(Ticket t, store->Prefetch(a, kGpu));
   Status s = t.Wait();
   ASSERT_THAT(s, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(s.sys_errno(), EIO);
   EXPECT_THAT(s.ToString(), HasSubstr("from nvme to gpu"));
-  env.fail_reads = 0;
+  env.Clear();
   EXPECT_FALSE(CopyOf(a, kGpu).valid);
   EXPECT_FALSE(CopyOf(a, kGpu).allocated);  // a half-loaded copy is not kept
   EXPECT_EQ(ReadOn(a, kGpu), RandomBytes(300 * kKiB, 3));  // reported by the ticket: not repeated
@@ -171,9 +148,9 @@ TEST_F(StoreFault, EnospcOnWriteBackKeepsTheDirtyCopy) {
       EXPECT_TRUE(CopyOf(a, kHost).allocated);
       EXPECT_FALSE(CopyOf(a, kHost).valid);
     }
-    env.fail_writes = ENOSPC;
+    env.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kWrite, .error = ENOSPC});
     Status s = Wait(store->Evict(a, kGpu));
-    env.fail_writes = 0;
+    env.Clear();
     ASSERT_THAT(s, StatusIs(StatusCode::kIoError));
     EXPECT_EQ(s.sys_errno(), ENOSPC);
     EXPECT_THAT(s.ToString(), HasSubstr("write-back"));
@@ -200,10 +177,10 @@ TEST_F(StoreFault, FailedWriteBackOfAnEvictionVictimSticksToTheVictim) {
   ASSERT_OK(store->Release(a, kGpu, true));  // a: dirty, only on gpu, least recently used
   ASSERT_OK(Wait(store->Evict(a, kHost)));
   EXPECT_EQ(ReadOn(b, kGpu), RandomBytes(256 * kKiB, 7));
-  env.fail_writes = ENOSPC;
+  env.Add({.site = FaultSite::kCompleteIo, .io = FaultIo::kWrite, .error = ENOSPC});
   // c needs room: a (LRU) cannot be written home, so b is dropped instead.
   EXPECT_EQ(ReadOn(c, kGpu), RandomBytes(256 * kKiB, 8));
-  env.fail_writes = 0;
+  env.Clear();
   EXPECT_TRUE(CopyOf(a, kGpu).dirty);
   EXPECT_FALSE(CopyOf(b, kGpu).allocated);
   auto r = store->Acquire(a, kGpu, Access::kRead);
@@ -217,7 +194,7 @@ TEST_F(StoreFault, FailedWriteBackOfAnEvictionVictimSticksToTheVictim) {
 
 TEST_F(StoreFault, ShortTransfersAreInvisible) {
   Open();
-  env.short_ios = true;
+  env.Add({.site = FaultSite::kPrepareIo, .len_cap = 4096});
   TensorId a = OnDisk("a", 500 * kKiB + 3, 9);
   EXPECT_EQ(ReadOn(a, kGpu), RandomBytes(500 * kKiB + 3, 9));  // nvme -> staging -> gpu
   ASSERT_OK(Wait(store->Evict(a, kGpu)));
@@ -274,14 +251,14 @@ TEST_F(StoreFault, DeletedFileKeepsWorkingWhileOpen) {
 }
 
 TEST_F(StoreFault, OpenFailsClearlyWhenTheDirectoryIsUnusable) {
-  env.refuse_direct = true;
+  env.Add({.site = FaultSite::kOpen, .open_flags = O_DIRECT, .error = EINVAL});
   TierStoreOptions o = Options();
   o.nvme->buffered_fallback = false;
   auto r = TierStore::Open(o);
   ASSERT_THAT(r, StatusIs(StatusCode::kUnavailable));
   EXPECT_THAT(r.status().ToString(), HasSubstr("O_DIRECT"));
-  env.refuse_direct = false;
-  env.open_errno = EACCES;
+  env.Clear();
+  env.Add({.site = FaultSite::kOpen, .error = EACCES});
   auto r2 = TierStore::Open(o);
   ASSERT_THAT(r2, StatusIs(StatusCode::kIoError));
   EXPECT_EQ(r2.status().sys_errno(), EACCES);

@@ -11,6 +11,8 @@
 // Best fit keeps large holes intact for large requests; with the tail
 // give-back, a workload that frees everything returns to end() == 0.
 //
+// Ownership: a value (its hole maps); the file it describes is the caller's.
+//
 // Thread-safety: none; the owner serializes calls (NvmeTier holds its mutex).
 #pragma once
 

@@ -1,4 +1,7 @@
-#include "tiers/checksum.h"
+// crc32c (SSE4.2 with a slicing-by-8 fallback) and xxhash64
+// (tiers/nvme/checksum.h): pure functions over the caller's bytes; the tables
+// are built once by thread-safe static initializers.
+#include "tiers/nvme/checksum.h"
 
 #include <array>
 #include <bit>

@@ -1,17 +1,23 @@
 // IoEnv: the only way the NVMe tier touches the operating system.
 //
-// Every system call and io_uring operation of tiers/nvme_tier.cc goes through
-// an IoEnv: opening (with O_DIRECT), growing, syncing and removing the swap
+// Every system call and io_uring operation of the NVMe tier (tiers/nvme/)
+// goes through an IoEnv: opening (with O_DIRECT), growing, syncing and removing the swap
 // files, setting up rings and registering files and buffers, submitting and
 // waiting, and two per-I/O hooks around each block-level transfer. IoEnv::
 // Default() is the real OS. Tests derive from IoEnvWrapper, which forwards
 // every call to another IoEnv, and override one method to inject a fault
 // (leveldb's Env / EnvWrapper): EIO or ENOSPC from a completion, a short
 // transfer, -EAGAIN, O_DIRECT refused with EINVAL, ENOSPC from fallocate.
+// The tests of every layer use one such wrapper, configured by rules:
+// FaultIoEnv (tests/fault_io_env.h).
 //
 // Conventions, kernel style: calls return >= 0 on success and -errno on
 // failure (never set errno for the caller to read). The NVMe tier converts
-// those into Status at one place, naming the file and offset.
+// each result into a Status right at its call (swap_file.cc, ring.cc,
+// buffer_table.cc), naming the file and offset.
+//
+// Ownership: Default() is never deleted; an IoEnvWrapper does not own its
+// target, and whoever passes an IoEnv to the tier keeps it alive longer.
 //
 // Thread-safety: Default() is safe from any thread. The NVMe tier calls the
 // file methods from the thread calling Open/Allocate, the ring methods from

@@ -1,4 +1,6 @@
-#include "tiers/extent_allocator.h"
+// ExtentAllocator: best fit over the holes, coalescing, tail give-back
+// (tiers/nvme/extent_allocator.h). Not thread-safe: the owner serializes.
+#include "tiers/nvme/extent_allocator.h"
 
 #include <string>
 

@@ -1,8 +1,13 @@
 // NvmeTier: tensor bytes in files on one or more NVMe (or other) directories.
 //
+// The tier composes the pieces of tiers/nvme/: swap files (swap_file.h),
+// extents (extent_allocator.h), io_uring rings with their I/O threads
+// (ring.h), block checksums (block_checksums.h, checksum.h), registered
+// buffers (buffer_table.h), all reaching the OS through an IoEnv (io_env.h).
+//
 // - One swap file per directory, opened with O_DIRECT; space is handed out as
 //   4 KiB-aligned extents by an extent allocator (best fit over the holes,
-//   coalescing; tiers/extent_allocator.h); the files grow as needed
+//   coalescing; tiers/nvme/extent_allocator.h); the files grow as needed
 //   (fallocate; ftruncate where fallocate is unsupported) up to the capacity.
 //   Extents are placed on the least-used directory, so several directories
 //   (several drives) share the load.
@@ -25,11 +30,15 @@
 //   A write that covers a block only in part leaves it unverified until it is
 //   written whole again; a failed write makes reads of the blocks it touched
 //   DataLoss until they are rewritten.
-// - All OS access goes through an IoEnv (tiers/io_env.h): tests wrap it to
+// - All OS access goes through an IoEnv (tiers/nvme/io_env.h): tests wrap it to
 //   inject EIO, ENOSPC, short transfers, O_DIRECT refusal, deleted files.
 //
 // The files are scratch space for this process: made at Open, removed at
 // destruction. Checkpoints are written elsewhere (engine/).
+//
+// Ownership: the tier owns its swap files, rings and I/O threads; the IoEnv
+// (NvmeOptions::env) is not owned and outlives the tier; transfer buffers and
+// registered ranges are the caller's.
 //
 // Thread-safety: all methods may be called from any thread. Completion
 // callbacks run on the tier's I/O threads; they may start I/O (Read, Write)
@@ -47,7 +56,7 @@
 #include <vector>
 
 #include "base/status.h"
-#include "tiers/checksum.h"  // ChecksumKind
+#include "tiers/nvme/checksum.h"  // ChecksumKind
 
 namespace strata {
 

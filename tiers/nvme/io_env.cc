@@ -1,6 +1,7 @@
 // The real IoEnv: thin wrappers over the system calls and liburing, each
-// returning -errno on failure.
-#include "tiers/io_env.h"
+// returning -errno on failure. Stateless, so safe from any thread; the one
+// instance lives until the process exits.
+#include "tiers/nvme/io_env.h"
 
 #include <fcntl.h>
 #include <liburing.h>

@@ -6,7 +6,9 @@
 // algorithm (XXH64, seed 0 unless given). Both are plain C++, no dependencies.
 //
 // The NVMe tier keeps one checksum per `checksum_block` of every extent and
-// verifies it on read (tiers/nvme_tier.h).
+// verifies it on read (tiers/nvme/block_checksums.h).
+//
+// Ownership: nothing is owned; callers pass their bytes.
 //
 // Thread-safety: all functions are pure; the lookup tables are built once, on
 // first use, by a thread-safe static initializer.
