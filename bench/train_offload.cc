@@ -1,6 +1,6 @@
 // strata-bench train --workload NAME: the offload trainer on a named workload.
 //
-// Workloads (../shared/DESIGN.md has the peer figures):
+// Workloads (docs/benchmarks.md has the figures measured so far):
 //   gpt-6.7b          32 layers, d 4096, 32 heads, seq 2048, vocab 50304,
 //                     micro-batch 4, accumulation 8, bf16, GPU limit 24 GiB,
 //                     optimizer state on the host. Figure: MFU against the
@@ -266,8 +266,8 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   rep.Add(Report::WithRatio({{"figure", "tokens/s"}, {"unit", "tok/s"}, {"baseline_name",
                                                                          "model FLOPs at the GEMM peak (ratio = MFU)"}},
                             tps, run.info.peak_flops / std::max(run.info.flops_per_token, 1.0)));
-  rep.Add(Report::WithRatio({{"figure", "GEMM peak (same run)"}, {"unit", "TFLOP/s"}, {"baseline_name", "DESIGN.md H200 bf16 8192^3"}},
-                            run.info.peak_flops / 1e12, 779.0));
+  rep.Add({{"figure", "GEMM peak (same run: the MFU baseline)"}, {"unit", "TFLOP/s"},
+           {"value", run.info.peak_flops / 1e12}});
   if (o.workload == "gpt-6.7b")
     rep.Add(Report::WithRatio({{"figure", "MFU"}, {"unit", "%"}, {"baseline_name", "target"}}, 100 * mfu, 45.0));
   if (resident) {

@@ -16,11 +16,16 @@
 
 #include "engine/safetensors.h"
 #include "kernels/backend.h"
-#include "kernels/gpt.h"
+#include "models/gpt2.h"
+#include "models/resident_model.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
-namespace strata::kernels::testing {
+namespace strata::models::testing {
+
+using kernels::Backend;
+using kernels::testing::RelError;
 
 inline std::string ReferencePath() {
   const char* env = std::getenv("STRATA_GPT2_REF");
@@ -53,15 +58,15 @@ inline Result<Reference> LoadReference(const SafetensorsFile& f) {
   return r;
 }
 
-inline Status ImportReference(const SafetensorsFile& f, GptModel* m) {
-  for (const HfTensorInfo& t : HfTensors(m->config())) {
+inline Status ImportReference(const SafetensorsFile& f, ResidentModel* m) {
+  for (const ParamSpec& t : m->spec().params) {
     ASSIGN_OR_RETURN(std::vector<double> v, f.ReadF64("param." + t.name));
     RETURN_IF_ERROR(m->SetParameter(t.name, v.data(), DType::kF64, static_cast<int64_t>(v.size())));
   }
   return Status::OK();
 }
 
-// Runs GptModel on `backend` (parameters/activations in `dtype`, gradients in
+// Runs ResidentModel on `backend` (parameters/activations in `dtype`, gradients in
 // `grad_dtype`) on the reference's batch: the loss's relative error must be
 // below loss_tol and each gradient tensor's ||g - ref|| / ||ref|| below
 // grad_tol. Prints the figures.
@@ -71,17 +76,17 @@ inline void CheckGptAgainstReference(Backend* backend, DType dtype, DType grad_d
                << "dtype " << DTypeName(dtype) << ", file " << ReferencePath());
   ASSERT_OK_AND_ASSIGN(SafetensorsFile f, SafetensorsFile::Open(ReferencePath()));
   ASSERT_OK_AND_ASSIGN(Reference ref, LoadReference(f));
-  GptModel::Options o;
+  ResidentModel::Options o;
   o.dtype = dtype;
   o.grad_dtype = grad_dtype;
   o.batch = ref.batch;
-  ASSERT_OK_AND_ASSIGN(auto model, GptModel::Create(backend, ref.config, o));
+  ASSERT_OK_AND_ASSIGN(auto model, ResidentModel::Create(backend, Spec(ref.config), o));
   ASSERT_OK(ImportReference(f, model.get()));
   ASSERT_OK_AND_ASSIGN(double loss, model->ForwardBackward(ref.tokens.data(), ref.targets.data()));
   EXPECT_LT(std::fabs(loss - ref.loss) / ref.loss, loss_tol) << loss << " vs " << ref.loss;
   double worst = 0;
   std::string worst_name;
-  for (const HfTensorInfo& t : HfTensors(ref.config)) {
+  for (const ParamSpec& t : Spec(ref.config).params) {
     ASSERT_OK_AND_ASSIGN(std::vector<double> want, f.ReadF64("grad." + t.name));
     ASSERT_OK_AND_ASSIGN(std::vector<double> got, model->GetGradient(t.name));
     const double err = RelError(got, want);
@@ -94,4 +99,4 @@ inline void CheckGptAgainstReference(Backend* backend, DType dtype, DType grad_d
       std::fabs(loss - ref.loss) / ref.loss, worst_name.c_str(), worst);
 }
 
-}  // namespace strata::kernels::testing
+}  // namespace strata::models::testing

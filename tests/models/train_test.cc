@@ -9,11 +9,18 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/gpt.h"
+#include "models/gpt2.h"
+#include "models/resident_model.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
-namespace strata::kernels {
+namespace strata::models {
 namespace {
+
+using kernels::Backend;
+using kernels::DeviceBuffer;
+using kernels::MakeCpuBackend;
+using testing::Spec;
 
 // AdamW on fp32 parameters and gradients (host copies of backend buffers).
 class AdamW {
@@ -59,10 +66,10 @@ TEST(GptTrainTest, TwentyStepsOnKjvLowerTheLoss) {
 
   GptConfig cfg;
   cfg.n_layer = 2, cfg.n_embd = 64, cfg.n_head = 4, cfg.vocab_size = 256, cfg.seq_len = 64;
-  GptModel::Options o;
+  ResidentModel::Options o;
   o.dtype = DType::kF32, o.grad_dtype = DType::kF32, o.batch = 8;
   auto be = MakeCpuBackend(0);
-  ASSERT_OK_AND_ASSIGN(auto model, GptModel::Create(be.get(), cfg, o));
+  ASSERT_OK_AND_ASSIGN(auto model, ResidentModel::Create(be.get(), Spec(cfg), o));
   ASSERT_OK(model->InitRandom(1));
 
   const int64_t B = o.batch, T = cfg.seq_len;
@@ -101,4 +108,4 @@ TEST(GptTrainTest, TwentyStepsOnKjvLowerTheLoss) {
 }
 
 }  // namespace
-}  // namespace strata::kernels
+}  // namespace strata::models

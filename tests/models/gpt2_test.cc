@@ -1,4 +1,5 @@
-// The GPT model on the CPU backend: config checks, layouts and HF names,
+// The GPT-2 model (models/gpt2.h, run by models/resident_model.h) on the CPU
+// backend: config checks, layouts and HF names,
 // parity with the independent transformers reference (loss and every
 // gradient, fp64 and fp32), the layer calls' contracts (accumulate, aliasing,
 // head chunking), determinism (twice, and 1 vs 2 threads), lower precisions
@@ -12,17 +13,24 @@
 
 #include "engine/safetensors.h"
 #include "kernels/backend.h"
-#include "kernels/gpt.h"
-#include "tests/kernels/gpt_reference.h"
+#include "models/gpt2.h"
+#include "models/resident_model.h"
+#include "tests/models/gpt2_reference.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
-namespace strata::kernels {
+namespace strata::models {
 namespace {
 
 using ::strata::testing::StatusIs;
+using kernels::Backend;
+using kernels::DeviceBuffer;
+using kernels::MakeCpuBackend;
+using kernels::testing::RelError;
 using testing::CheckGptAgainstReference;
-using testing::RelError;
+using testing::Spec;
+namespace kt = kernels::testing;
 
 // ---- config and layouts ----------------------------------------------------------
 
@@ -74,24 +82,27 @@ TEST(GptLayoutTest, SlicesAreAlignedDisjointAndNamedLikeHf) {
   for (int64_t C : {int64_t{1}, int64_t{96}, int64_t{768}}) {
     GptConfig c = Tiny();
     c.n_embd = C, c.n_head = 1;
-    std::map<GptBuffer, int64_t> extent = {
-        {GptBuffer::kEmbedding, EmbeddingLayout::For(c.Vp(), c.seq_len, C).numel},
-        {GptBuffer::kBlock, BlockLayout::For(C).numel},
-        {GptBuffer::kLnF, LnFLayout::For(C).numel}};
-    auto tensors = HfTensors(c);
+    const ModelSpec spec = Spec(c);
+    const auto& tensors = spec.params;
     ASSERT_EQ(tensors.size(), 2u + 12u * c.n_layer + 2u);
+    ASSERT_EQ(spec.num_units(), c.n_layer + 2);
     EXPECT_EQ(tensors.front().name, "transformer.wte.weight");
     EXPECT_EQ(tensors.front().shape, (std::vector<int64_t>{c.vocab_size, C}));
     EXPECT_EQ(tensors[4].name, "transformer.h.0.attn.c_attn.weight");
     EXPECT_EQ(tensors[4].shape, (std::vector<int64_t>{C, 3 * C}));
     EXPECT_EQ(tensors.back().name, "transformer.ln_f.bias");
-    // Per buffer (and layer): aligned starts, no overlap, inside the buffer.
-    std::map<std::pair<GptBuffer, int>, std::vector<std::pair<int64_t, int64_t>>> spans;
+    // The units' sizes: the token table padded to Vp rows, 12 C^2 + 13 C per
+    // block plus slice padding, ln_f's two slices.
+    EXPECT_EQ(spec.units[0].numel, AlignSlice(AlignSlice(c.Vp() * C) + c.seq_len * C));
+    EXPECT_GE(spec.units[1].numel, 12 * C * C + 13 * C);
+    EXPECT_EQ(spec.units.back().numel, AlignSlice(AlignSlice(C) + C));
+    // Per unit: aligned starts, no overlap, inside the buffer.
+    std::map<int, std::vector<std::pair<int64_t, int64_t>>> spans;
     int64_t total = 0;
     for (const auto& t : tensors) {
       EXPECT_EQ(t.offset % kSliceAlign, 0) << t.name;
-      EXPECT_LE(t.offset + t.numel, extent[t.buffer]) << t.name;
-      spans[{t.buffer, t.layer}].push_back({t.offset, t.offset + t.numel});
+      EXPECT_LE(t.offset + t.numel, spec.units[static_cast<size_t>(t.unit)].numel) << t.name;
+      spans[t.unit].push_back({t.offset, t.offset + t.numel});
       total += t.numel;
     }
     for (auto& [key, v] : spans) {
@@ -99,7 +110,19 @@ TEST(GptLayoutTest, SlicesAreAlignedDisjointAndNamedLikeHf) {
       for (size_t i = 1; i < v.size(); ++i) EXPECT_LE(v[i - 1].second, v[i].first);
     }
     EXPECT_EQ(total, c.NumParameters());
+    EXPECT_EQ(spec.NumParameters(), c.NumParameters());
   }
+}
+
+// GPT-2 small's block, offsets as transformers lays them out (no padding at C = 768).
+TEST(GptLayoutTest, Gpt2SmallBlockHasNoPadding) {
+  GptConfig c;
+  c.n_layer = 1, c.n_embd = 768, c.n_head = 12, c.vocab_size = 50257, c.seq_len = 1024;
+  const ModelSpec spec = Spec(c);
+  EXPECT_EQ(spec.units[1].numel, 12 * 768 * 768 + 13 * 768);
+  ASSERT_NE(spec.block.Find("mlp.c_proj.bias"), nullptr);
+  EXPECT_EQ(spec.block.Find("mlp.c_proj.bias")->offset, 12 * 768 * 768 + 12 * 768);
+  EXPECT_EQ(spec.embedding.position_offset, 50304 * 768);
 }
 
 // ---- the transformers reference ----------------------------------------------------
@@ -132,7 +155,7 @@ class GptLayersTest : public ::testing::Test {
     cfg_ = Tiny();
     o_.dtype = o_.grad_dtype = DType::kF64;
     o_.batch = 2, o_.seq = 19;
-    auto m = GptModel::Create(be_.get(), cfg_, o_);
+    auto m = ResidentModel::Create(be_.get(), Spec(cfg_), o_);
     ASSERT_OK(m.status());
     model_ = std::move(m).value();
     ASSERT_OK(model_->InitRandom(11));
@@ -144,19 +167,19 @@ class GptLayersTest : public ::testing::Test {
   }
   std::unique_ptr<Backend> be_;
   GptConfig cfg_;
-  GptModel::Options o_;
-  std::unique_ptr<GptModel> model_;
+  ResidentModel::Options o_;
+  std::unique_ptr<ResidentModel> model_;
   std::vector<int32_t> tokens_, targets_;
 };
 
 TEST_F(GptLayersTest, AccumulateAddsGradientsOfASecondMicroBatch) {
   ASSERT_OK_AND_ASSIGN(double l1, model_->ForwardBackward(tokens_.data(), targets_.data()));
   std::map<std::string, std::vector<double>> once;
-  for (const auto& t : HfTensors(cfg_)) once[t.name] = *model_->GetGradient(t.name);
+  for (const auto& t : Spec(cfg_).params) once[t.name] = *model_->GetGradient(t.name);
   ASSERT_OK_AND_ASSIGN(
       double l2, model_->ForwardBackward(tokens_.data(), targets_.data(), /*accumulate=*/true));
   EXPECT_EQ(l1, l2);
-  for (const auto& t : HfTensors(cfg_)) {
+  for (const auto& t : Spec(cfg_).params) {
     std::vector<double> twice = *model_->GetGradient(t.name), want = once[t.name];
     for (double& v : want) v *= 2;
     EXPECT_LT(RelError(twice, want), 1e-15) << t.name;
@@ -164,31 +187,31 @@ TEST_F(GptLayersTest, AccumulateAddsGradientsOfASecondMicroBatch) {
 }
 
 TEST_F(GptLayersTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
-  const GptLayers& L = model_->layers();
+  const BlockProgram& L = model_->program().block();
   const int64_t n = 2 * 19 * cfg_.n_embd;
-  auto x = testing::Tensor::From(be_.get(), testing::RandomVector(n, 1), DType::kF64);
-  auto dy = testing::RandomVector(n, 2);
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer scratch, be_->Allocate(L.block_scratch_bytes()));
-  testing::Tensor g1(be_.get(), DType::kF64, BlockLayout::For(cfg_.n_embd).numel);
-  testing::Tensor g2(be_.get(), DType::kF64, BlockLayout::For(cfg_.n_embd).numel);
+  auto x = kt::Tensor::From(be_.get(), kt::RandomVector(n, 1), DType::kF64);
+  auto dy = kt::RandomVector(n, 2);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer scratch, be_->Allocate(L.scratch_bytes()));
+  kt::Tensor g1(be_.get(), DType::kF64, model_->spec().units[1].numel);
+  kt::Tensor g2(be_.get(), DType::kF64, model_->spec().units[1].numel);
   ASSERT_OK(be_->Memset(g1.data(), 0, g1.bytes()));
   ASSERT_OK(be_->Memset(g2.data(), 0, g2.bytes()));
-  auto d_out = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  auto d_in = testing::Tensor::Poisoned(be_.get(), DType::kF64, n);
-  ASSERT_OK(L.BlockBackward(model_->block_params(1).data(), x.data(), d_out.data(), d_in.data(),
+  auto d_out = kt::Tensor::From(be_.get(), dy, DType::kF64);
+  auto d_in = kt::Tensor::Poisoned(be_.get(), DType::kF64, n);
+  ASSERT_OK(L.Backward(model_->unit_params(2).data(), x.data(), d_out.data(), d_in.data(),
                             g1.data(), DType::kF64, false, scratch.data(), scratch.bytes()));
-  auto d_same = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  ASSERT_OK(L.BlockBackward(model_->block_params(1).data(), x.data(), d_same.data(), d_same.data(),
+  auto d_same = kt::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.Backward(model_->unit_params(2).data(), x.data(), d_same.data(), d_same.data(),
                             g2.data(), DType::kF64, false, scratch.data(), scratch.bytes()));
   EXPECT_EQ(d_in.Get(), d_same.Get());
   EXPECT_EQ(d_out.Get(), dy);  // not aliased: d_out untouched
   ASSERT_OK(be_->Synchronize());
   EXPECT_EQ(std::memcmp(g1.data(), g2.data(), g1.bytes()), 0);
 
-  EXPECT_THAT(L.BlockBackward(model_->block_params(1).data(), x.data(), d_out.data(), d_in.data(),
+  EXPECT_THAT(L.Backward(model_->unit_params(2).data(), x.data(), d_out.data(), d_in.data(),
                               g1.data(), DType::kF64, false, scratch.data(), scratch.bytes() - 1),
               StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(L.BlockForward(model_->block_params(1).data(), x.data(), x.data(), scratch.data(),
+  EXPECT_THAT(L.Forward(model_->unit_params(2).data(), x.data(), x.data(), scratch.data(),
                              scratch.bytes()),
               StatusIs(StatusCode::kInvalidArgument));
 }
@@ -201,10 +224,10 @@ TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
     std::vector<double> losses;
     std::vector<std::map<std::string, std::vector<double>>> grads;
     for (bool keep : {true, false}) {
-      GptModel::Options o = o_;
+      ResidentModel::Options o = o_;
       o.dtype = dt, o.grad_dtype = dt == DType::kF64 ? DType::kF64 : DType::kF32;
       o.keep_last_block = keep;
-      ASSERT_OK_AND_ASSIGN(auto m, GptModel::Create(be_.get(), cfg_, o));
+      ASSERT_OK_AND_ASSIGN(auto m, ResidentModel::Create(be_.get(), Spec(cfg_), o));
       ASSERT_OK(m->InitRandom(11));
       ASSERT_OK_AND_ASSIGN(double loss, m->ForwardBackward(tokens_.data(), targets_.data()));
       // A second, accumulated pass: the kept scratch is reused correctly.
@@ -213,7 +236,7 @@ TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
       EXPECT_EQ(eval, loss) << DTypeName(dt);
       losses.push_back(loss);
       grads.emplace_back();
-      for (const auto& t : HfTensors(cfg_)) grads.back()[t.name] = *m->GetGradient(t.name);
+      for (const auto& t : Spec(cfg_).params) grads.back()[t.name] = *m->GetGradient(t.name);
     }
     EXPECT_EQ(losses[0], losses[1]) << DTypeName(dt);
     for (const auto& [name, g] : grads[0]) EXPECT_EQ(g, grads[1][name]) << name << " " << DTypeName(dt);
@@ -221,30 +244,30 @@ TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
 }
 
 TEST_F(GptLayersTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
-  const GptLayers& L = model_->layers();
+  const BlockProgram& L = model_->program().block();
   const int64_t n = 2 * 19 * cfg_.n_embd;
-  auto x = testing::Tensor::From(be_.get(), testing::RandomVector(n, 3), DType::kF64);
-  auto dy = testing::RandomVector(n, 4);
-  const int64_t np = BlockLayout::For(cfg_.n_embd).numel;
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer scratch, be_->Allocate(L.block_scratch_bytes()));
-  auto y1 = testing::Tensor::Poisoned(be_.get(), DType::kF64, n);
-  auto y2 = testing::Tensor::Poisoned(be_.get(), DType::kF64, n);
-  testing::Tensor g1(be_.get(), DType::kF64, np), g2(be_.get(), DType::kF64, np);
+  auto x = kt::Tensor::From(be_.get(), kt::RandomVector(n, 3), DType::kF64);
+  auto dy = kt::RandomVector(n, 4);
+  const int64_t np = model_->spec().units[1].numel;
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer scratch, be_->Allocate(L.scratch_bytes()));
+  auto y1 = kt::Tensor::Poisoned(be_.get(), DType::kF64, n);
+  auto y2 = kt::Tensor::Poisoned(be_.get(), DType::kF64, n);
+  kt::Tensor g1(be_.get(), DType::kF64, np), g2(be_.get(), DType::kF64, np);
   ASSERT_OK(be_->Memset(g1.data(), 0, g1.bytes()));  // the layout's padding is never written
   ASSERT_OK(be_->Memset(g2.data(), 0, g2.bytes()));
-  const void* w = model_->block_params(0).data();
-  using I = GptLayers::Internals;
+  const void* w = model_->unit_params(1).data();
+  using I = Internals;
   // Recomputed: a forward that keeps nothing, then poison the scratch.
-  ASSERT_OK(L.BlockForward(w, x.data(), y1.data(), scratch.data(), scratch.bytes()));
+  ASSERT_OK(L.Forward(w, x.data(), y1.data(), scratch.data(), scratch.bytes()));
   ASSERT_OK(be_->Memset(scratch.data(), 0xff, scratch.bytes()));
-  auto d1 = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  ASSERT_OK(L.BlockBackward(w, x.data(), d1.data(), d1.data(), g1.data(), DType::kF64, false,
+  auto d1 = kt::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.Backward(w, x.data(), d1.data(), d1.data(), g1.data(), DType::kF64, false,
                             scratch.data(), scratch.bytes()));
   // Kept: the backward reads what the forward left.
   ASSERT_OK(be_->Memset(scratch.data(), 0xff, scratch.bytes()));
-  ASSERT_OK(L.BlockForward(w, x.data(), y2.data(), scratch.data(), scratch.bytes(), I::kKept));
-  auto d2 = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  ASSERT_OK(L.BlockBackward(w, x.data(), d2.data(), d2.data(), g2.data(), DType::kF64, false,
+  ASSERT_OK(L.Forward(w, x.data(), y2.data(), scratch.data(), scratch.bytes(), I::kKept));
+  auto d2 = kt::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.Backward(w, x.data(), d2.data(), d2.data(), g2.data(), DType::kF64, false,
                             scratch.data(), scratch.bytes(), I::kKept));
   EXPECT_EQ(y1.Get(), y2.Get());
   EXPECT_EQ(d1.Get(), d2.Get());
@@ -252,9 +275,9 @@ TEST_F(GptLayersTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
   // The forward that keeps nothing really does leave the pre-activation
   // unwritten: a backward claiming kept internals after it differs.
   ASSERT_OK(be_->Memset(scratch.data(), 0, scratch.bytes()));
-  ASSERT_OK(L.BlockForward(w, x.data(), y2.data(), scratch.data(), scratch.bytes()));
-  auto d3 = testing::Tensor::From(be_.get(), dy, DType::kF64);
-  ASSERT_OK(L.BlockBackward(w, x.data(), d3.data(), d3.data(), g2.data(), DType::kF64, false,
+  ASSERT_OK(L.Forward(w, x.data(), y2.data(), scratch.data(), scratch.bytes()));
+  auto d3 = kt::Tensor::From(be_.get(), dy, DType::kF64);
+  ASSERT_OK(L.Backward(w, x.data(), d3.data(), d3.data(), g2.data(), DType::kF64, false,
                             scratch.data(), scratch.bytes(), I::kKept));
   EXPECT_NE(g1.Get(), g2.Get());
 }
@@ -264,9 +287,9 @@ TEST_F(GptLayersTest, HeadChunkSizeDoesNotChangeResults) {
   auto wte_whole = *model_->GetGradient("transformer.wte.weight");
   auto lnf_whole = *model_->GetGradient("transformer.ln_f.weight");
   for (int64_t chunk : {1, 5, 37}) {
-    GptModel::Options o = o_;
+    ResidentModel::Options o = o_;
     o.head_chunk_rows = chunk;
-    ASSERT_OK_AND_ASSIGN(auto m, GptModel::Create(be_.get(), cfg_, o));
+    ASSERT_OK_AND_ASSIGN(auto m, ResidentModel::Create(be_.get(), Spec(cfg_), o));
     ASSERT_OK(m->InitRandom(11));
     ASSERT_OK_AND_ASSIGN(double loss, m->ForwardBackward(tokens_.data(), targets_.data()));
     EXPECT_NEAR(loss, whole, 1e-14) << chunk;
@@ -294,9 +317,9 @@ TEST_F(GptLayersTest, RejectsTokensOutsideTheVocabulary) {
 // All gradient buffers' bytes, then the loss's.
 std::vector<uint8_t> RunBytes(int threads, DType dtype, const GptConfig& cfg) {
   auto be = MakeCpuBackend(threads);
-  GptModel::Options o;
+  ResidentModel::Options o;
   o.dtype = dtype, o.grad_dtype = DType::kF32, o.batch = 3, o.seq = cfg.seq_len;
-  auto m = GptModel::Create(be.get(), cfg, o);
+  auto m = ResidentModel::Create(be.get(), Spec(cfg), o);
   EXPECT_OK(m.status());
   if (!m.ok()) return {};
   EXPECT_OK((*m)->InitRandom(5));
@@ -339,10 +362,10 @@ TEST(GptPrecisionTest, LowerPrecisionsTrackFp64) {
   std::vector<int32_t> tok(B * T), tgt(B * T);
   for (int64_t i = 0; i < B * T; ++i) tok[i] = (i * 29 + 5) % 200, tgt[i] = (i * 3 + 1) % 200;
   auto make = [&](DType dt) {
-    GptModel::Options o;
+    ResidentModel::Options o;
     o.dtype = dt, o.grad_dtype = dt == DType::kF64 ? DType::kF64 : DType::kF32;
     o.batch = B;
-    auto m = GptModel::Create(be.get(), cfg, o);
+    auto m = ResidentModel::Create(be.get(), Spec(cfg), o);
     EXPECT_OK(m.status());
     return std::move(m).value();
   };
@@ -366,7 +389,7 @@ TEST(GptPrecisionTest, LowerPrecisionsTrackFp64) {
     ASSERT_OK_AND_ASSIGN(double loss, m->ForwardBackward(tok.data(), tgt.data()));
     EXPECT_LT(std::fabs(loss - ref_loss) / ref_loss, tol.loss) << DTypeName(tol.dtype);
     double worst = 0;
-    for (const auto& t : HfTensors(cfg)) {
+    for (const auto& t : Spec(cfg).params) {
       const double err = RelError(*m->GetGradient(t.name), *ref->GetGradient(t.name));
       EXPECT_LT(err, tol.grad) << DTypeName(tol.dtype) << " " << t.name;
       worst = std::max(worst, err);
@@ -397,21 +420,21 @@ TEST(GptFusedEpiloguesTest, MatchSeparateOps) {
   for (Tol tol : {Tol{DType::kF64, 1e-14, 1e-12}, Tol{DType::kF32, 1e-6, 1e-5},
                   Tol{DType::kBF16, 1e-3, 2e-2}}) {
     SCOPED_TRACE(DTypeName(tol.dtype));
-    std::unique_ptr<GptModel> m[2];
+    std::unique_ptr<ResidentModel> m[2];
     double loss[2];
     for (int fused = 0; fused < 2; ++fused) {
-      GptModel::Options o;
+      ResidentModel::Options o;
       o.dtype = tol.dtype, o.grad_dtype = tol.dtype == DType::kF64 ? DType::kF64 : DType::kF32;
       o.batch = B, o.fused_epilogues = fused == 1, o.fused_dgelu = fused == 1;
-      ASSERT_OK_AND_ASSIGN(m[fused], GptModel::Create(be.get(), cfg, o));
-      EXPECT_EQ(m[fused]->layers().fused_epilogues(), fused == 1);
+      ASSERT_OK_AND_ASSIGN(m[fused], ResidentModel::Create(be.get(), Spec(cfg), o));
+      EXPECT_EQ(m[fused]->program().block().fused_epilogues(), fused == 1);
       ASSERT_OK(m[fused]->InitRandom(31));
       // Accumulate over two steps, so bias_grad_accumulate is covered too.
       ASSERT_OK(m[fused]->ForwardBackward(tok.data(), tgt.data()).status());
       ASSERT_OK_AND_ASSIGN(loss[fused], m[fused]->ForwardBackward(tok.data(), tgt.data(), true));
     }
     EXPECT_LT(std::fabs(loss[1] - loss[0]) / loss[0], tol.loss);
-    for (const auto& t : HfTensors(cfg)) {
+    for (const auto& t : Spec(cfg).params) {
       const double err = RelError(*m[1]->GetGradient(t.name), *m[0]->GetGradient(t.name));
       EXPECT_LT(err, tol.grad) << t.name;
     }
@@ -423,9 +446,9 @@ TEST(GptFusedEpiloguesTest, MatchSeparateOps) {
 TEST(GptExportTest, SafetensorsRoundTripUnderHfNames) {
   auto be = MakeCpuBackend(2);
   GptConfig cfg = Tiny();
-  GptModel::Options o;
+  ResidentModel::Options o;
   o.dtype = DType::kBF16, o.batch = 1;
-  ASSERT_OK_AND_ASSIGN(auto a, GptModel::Create(be.get(), cfg, o));
+  ASSERT_OK_AND_ASSIGN(auto a, ResidentModel::Create(be.get(), Spec(cfg), o));
   ASSERT_OK(a->InitRandom(8));
   ASSERT_OK_AND_ASSIGN(auto tensors, a->Export(DType::kBF16));
   std::vector<HostTensor> files;
@@ -439,8 +462,8 @@ TEST(GptExportTest, SafetensorsRoundTripUnderHfNames) {
   ASSERT_NE(f.Find("transformer.h.1.mlp.c_proj.weight"), nullptr);
   EXPECT_EQ(f.Find("transformer.wte.weight")->shape, (Shape{200, 96}));
 
-  ASSERT_OK_AND_ASSIGN(auto b, GptModel::Create(be.get(), cfg, o));
-  for (const HfTensorInfo& t : HfTensors(cfg)) {
+  ASSERT_OK_AND_ASSIGN(auto b, ResidentModel::Create(be.get(), Spec(cfg), o));
+  for (const ParamSpec& t : Spec(cfg).params) {
     const SafetensorsEntry* e = f.Find(t.name);
     ASSERT_NE(e, nullptr) << t.name;
     ASSERT_OK(b->SetParameter(t.name, f.Data(*e).data(), e->dtype, e->shape.numel()));
@@ -454,4 +477,4 @@ TEST(GptExportTest, SafetensorsRoundTripUnderHfNames) {
 }
 
 }  // namespace
-}  // namespace strata::kernels
+}  // namespace strata::models

@@ -1,4 +1,4 @@
-// The whole GPT model (kernels/gpt.h) on the CUDA backend against the CPU
+// The whole GPT model (models/gpt2.h, models/resident_model.h) on the CUDA backend against the CPU
 // backend: loss and every gradient tensor, for f32, bf16 and f16 on the GPU
 // against fp64 on the CPU (the parameters rounded to bf16 first, so both
 // start from the same values), and f32/bf16 against the CPU in the same
@@ -12,12 +12,19 @@
 #include <vector>
 
 #include "kernels/backend.h"
-#include "kernels/gpt.h"
+#include "models/gpt2.h"
+#include "models/resident_model.h"
 #include "tests/kernels/backend_compare.h"
+#include "tests/models/model_test_util.h"
 #include "tests/test_util.h"
 
-namespace strata::kernels {
+namespace strata::models {
 namespace {
+
+using kernels::Backend;
+using kernels::DeviceBuffer;
+using kernels::MakeCpuBackend;
+using testing::Spec;
 
 using ::strata::testing::RelErr;
 
@@ -52,39 +59,39 @@ class CudaGptTest : public ::testing::TestWithParam<ModelCase> {
     }
   }
 
-  std::unique_ptr<GptModel> Make(Backend* be, DType dt, bool fused = true) {
-    GptModel::Options o;
+  std::unique_ptr<ResidentModel> Make(Backend* be, DType dt, bool fused = true) {
+    ResidentModel::Options o;
     o.fused_epilogues = fused;
     o.fused_dgelu = fused;  // off by default (slower on the H200); its correctness is still checked
     o.dtype = dt;
     o.grad_dtype = dt == DType::kF64 ? DType::kF64 : DType::kF32;
     o.batch = GetParam().batch;
-    auto m = GptModel::Create(be, GetParam().config, o);
+    auto m = ResidentModel::Create(be, Spec(GetParam().config), o);
     EXPECT_OK(m.status());
     return m.ok() ? std::move(m).value() : nullptr;
   }
 
   // Parameters from InitRandom(seed), rounded to bf16 (exact in every dtype here).
-  std::vector<GptModel::HostTensor> Params() {
+  std::vector<ResidentModel::HostTensor> Params() {
     auto m = Make(cpu_.get(), DType::kF32);
     EXPECT_OK(m->InitRandom(seed_ % 1000003));
     auto t = m->Export(DType::kBF16);
     EXPECT_OK(t.status());
-    return t.ok() ? std::move(t).value() : std::vector<GptModel::HostTensor>{};
+    return t.ok() ? std::move(t).value() : std::vector<ResidentModel::HostTensor>{};
   }
-  static void Load(GptModel* m, const std::vector<GptModel::HostTensor>& params) {
+  static void Load(ResidentModel* m, const std::vector<ResidentModel::HostTensor>& params) {
     for (const auto& t : params)
       ASSERT_OK(m->SetParameter(t.info.name, t.bytes.data(), t.dtype, t.info.numel));
   }
 
   // Loss and gradients of `m` against `ref`: relative errors within the tolerances.
-  void Compare(GptModel* m, double loss, GptModel* ref, double ref_loss, double loss_tol,
+  void Compare(ResidentModel* m, double loss, ResidentModel* ref, double ref_loss, double loss_tol,
                double grad_tol, const std::string& what) {
     const double loss_err = std::fabs(loss - ref_loss) / std::fabs(ref_loss);
     EXPECT_LT(loss_err, loss_tol) << what << ": loss " << loss << " vs " << ref_loss;
     double worst = 0;
     std::string worst_name;
-    for (const HfTensorInfo& t : HfTensors(GetParam().config)) {
+    for (const ParamSpec& t : Spec(GetParam().config).params) {
       auto g = m->GetGradient(t.name);
       auto r = ref->GetGradient(t.name);
       ASSERT_OK(g.status());
@@ -153,8 +160,8 @@ TEST_P(CudaGptTest, FusedEpiloguesMatchSeparateOps) {
     auto separate = Make(gpu_.get(), dt, false);
     ASSERT_NE(fused, nullptr);
     ASSERT_NE(separate, nullptr);
-    EXPECT_TRUE(fused->layers().fused_epilogues());
-    EXPECT_FALSE(separate->layers().fused_epilogues());
+    EXPECT_TRUE(fused->program().block().fused_epilogues());
+    EXPECT_FALSE(separate->program().block().fused_epilogues());
     Load(fused.get(), params);
     Load(separate.get(), params);
     // Two accumulated steps: the bias gradient's accumulate path too.
@@ -195,14 +202,14 @@ TEST_P(CudaGptTest, KeepingTheLastBlockGivesTheRecomputedBits) {
   auto params = Params();
   for (DType dt : {DType::kF32, DType::kBF16}) {
     std::vector<double> losses;
-    std::vector<std::vector<GptModel::HostTensor>> grads;
+    std::vector<std::vector<ResidentModel::HostTensor>> grads;
     for (bool keep : {true, false}) {
-      GptModel::Options o;
+      ResidentModel::Options o;
       o.dtype = dt;
       o.grad_dtype = DType::kF32;
       o.batch = GetParam().batch;
       o.keep_last_block = keep;
-      ASSERT_OK_AND_ASSIGN(auto m, GptModel::Create(gpu_.get(), GetParam().config, o));
+      ASSERT_OK_AND_ASSIGN(auto m, ResidentModel::Create(gpu_.get(), Spec(GetParam().config), o));
       Load(m.get(), params);
       ASSERT_OK(m->ForwardBackward(tokens_.data(), targets_.data()).status());
       ASSERT_OK_AND_ASSIGN(double loss, m->ForwardBackward(tokens_.data(), targets_.data(), true));
@@ -224,4 +231,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const auto& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace strata::kernels
+}  // namespace strata::models

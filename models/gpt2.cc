@@ -1,0 +1,152 @@
+#include "models/gpt2.h"
+
+#include <cmath>
+#include <string>
+
+namespace strata::models {
+
+namespace {
+
+std::string Str(int64_t v) { return std::to_string(v); }
+
+// Lays out parameters one after another, each at a multiple of kSliceAlign.
+class Layout {
+ public:
+  int64_t Take(int64_t numel) {
+    const int64_t at = end_;
+    end_ = AlignSlice(end_ + numel);
+    return at;
+  }
+  int64_t numel() const { return end_; }
+
+ private:
+  int64_t end_ = 0;
+};
+
+int64_t Numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+ParamInit Normal(double std) { return {ParamInit::kNormal, std}; }
+constexpr ParamInit kZeros{ParamInit::kZeros, 0};
+constexpr ParamInit kOnes{ParamInit::kOnes, 0};
+
+BlockSpec GptBlock(const GptConfig& c) {
+  const int64_t C = c.n_embd;
+  const double w = 0.02, proj = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  BlockSpec b;
+  b.norm_eps = c.ln_eps;
+  Layout l;
+  auto param = [&](const char* name, std::vector<int64_t> shape, ParamInit init) {
+    const int64_t n = Numel(shape);
+    b.params.push_back(BlockParam{name, l.Take(n), std::move(shape), n, init});
+  };
+  param("ln_1.weight", {C}, kOnes);
+  param("ln_1.bias", {C}, kZeros);
+  param("attn.c_attn.weight", {C, 3 * C}, Normal(w));
+  param("attn.c_attn.bias", {3 * C}, kZeros);
+  param("attn.c_proj.weight", {C, C}, Normal(proj));
+  param("attn.c_proj.bias", {C}, kZeros);
+  param("ln_2.weight", {C}, kOnes);
+  param("ln_2.bias", {C}, kZeros);
+  param("mlp.c_fc.weight", {C, 4 * C}, Normal(w));
+  param("mlp.c_fc.bias", {4 * C}, kZeros);
+  param("mlp.c_proj.weight", {4 * C, C}, Normal(proj));
+  param("mlp.c_proj.bias", {C}, kZeros);
+  auto op = [&](OpKind kind, const char* in, const char* out, const char* weight = "", const char* bias = "",
+                const char* residual = "", bool gelu = false) {
+    b.ops.push_back(BlockOp{kind, in, out, weight, bias, residual, gelu});
+  };
+  op(OpKind::kLayerNorm, "x", "ln1", "ln_1.weight", "ln_1.bias");
+  op(OpKind::kLinear, "ln1", "qkv", "attn.c_attn.weight", "attn.c_attn.bias");
+  op(OpKind::kAttention, "qkv", "att");
+  op(OpKind::kLinear, "att", "x1", "attn.c_proj.weight", "attn.c_proj.bias", "x");
+  op(OpKind::kLayerNorm, "x1", "ln2", "ln_2.weight", "ln_2.bias");
+  op(OpKind::kLinear, "ln2", "h", "mlp.c_fc.weight", "mlp.c_fc.bias", "", /*gelu=*/true);
+  op(OpKind::kLinear, "h", "y", "mlp.c_proj.weight", "mlp.c_proj.bias", "x1");
+  return b;
+}
+
+}  // namespace
+
+int64_t GptConfig::Vp() const {
+  return padded_vocab_size > 0 ? padded_vocab_size : (vocab_size + 127) / 128 * 128;
+}
+
+Status GptConfig::Validate() const {
+  auto bad = [](const std::string& what) { return InvalidArgument("GptConfig: " + what); };
+  if (n_layer < 1) return bad("n_layer = " + Str(n_layer) + " must be >= 1");
+  if (n_embd < 1) return bad("n_embd = " + Str(n_embd) + " must be >= 1");
+  if (n_head < 1) return bad("n_head = " + Str(n_head) + " must be >= 1");
+  if (n_embd % n_head != 0)
+    return bad("n_embd = " + Str(n_embd) + " is not a multiple of n_head = " + Str(n_head));
+  if (vocab_size < 1) return bad("vocab_size = " + Str(vocab_size) + " must be >= 1");
+  if (padded_vocab_size != 0 && (padded_vocab_size % 128 != 0 || padded_vocab_size < vocab_size))
+    return bad("padded_vocab_size = " + Str(padded_vocab_size) +
+               " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " + Str(vocab_size));
+  if (seq_len < 1) return bad("seq_len = " + Str(seq_len) + " must be >= 1");
+  if (!(ln_eps > 0.f) || !std::isfinite(ln_eps))
+    return bad("ln_eps = " + std::to_string(ln_eps) + " must be finite and > 0");
+  constexpr int64_t kMaxDim = int64_t{1} << 24;
+  if (n_embd > kMaxDim || Vp() > kMaxDim || seq_len > kMaxDim || n_layer > kMaxDim)
+    return bad("a dimension exceeds 2^24");
+  return Status::OK();
+}
+
+int64_t GptConfig::NumParameters() const {
+  const int64_t C = n_embd;
+  return vocab_size * C + seq_len * C + n_layer * (12 * C * C + 13 * C) + 2 * C;
+}
+
+Result<ModelSpec> Gpt2Spec(const GptConfig& c) {
+  RETURN_IF_ERROR(c.Validate());
+  const int64_t C = c.n_embd;
+  ModelSpec m;
+  m.family = "gpt2";
+  m.hf_architecture = "GPT2LMHeadModel";
+  m.hf_base_prefix = "transformer.";
+  m.n_layer = c.n_layer;
+  m.d_model = C;
+  m.n_head = c.n_head;
+  m.vocab_size = c.vocab_size;
+  m.padded_vocab = c.Vp();
+  m.max_seq = c.seq_len;
+  m.block = GptBlock(c);
+
+  auto add = [&m](std::string name, int unit, int64_t offset, std::vector<int64_t> shape, ParamInit init) {
+    const int64_t n = Numel(shape);
+    m.params.push_back(ParamSpec{std::move(name), unit, offset, std::move(shape), n, init});
+  };
+  // Unit 0: the embedding.
+  Layout emb;
+  m.embedding.token_offset = emb.Take(m.padded_vocab * C);
+  m.embedding.position_offset = emb.Take(c.seq_len * C);
+  m.units.push_back(UnitSpec{"emb", UnitKind::kEmbedding, -1, emb.numel()});
+  add("transformer.wte.weight", 0, m.embedding.token_offset, {c.vocab_size, C}, Normal(0.02));
+  add("transformer.wpe.weight", 0, m.embedding.position_offset, {c.seq_len, C}, Normal(0.02));
+  m.params.back().extra_rows_ok = true;
+  // Units 1..L: the blocks.
+  int64_t block_numel = 0;
+  for (const BlockParam& p : m.block.params) block_numel = AlignSlice(p.offset + p.numel);
+  for (int64_t l = 0; l < c.n_layer; ++l) {
+    const int u = ModelSpec::block_unit(l);
+    m.units.push_back(UnitSpec{"blk" + Str(l), UnitKind::kBlock, static_cast<int>(l), block_numel});
+    for (const BlockParam& p : m.block.params)
+      add("transformer.h." + Str(l) + "." + p.name, u, p.offset, p.shape, p.init);
+  }
+  // The final unit: ln_f (the LM head is tied to wte).
+  Layout fin;
+  m.head.norm_weight_offset = fin.Take(C);
+  m.head.norm_bias_offset = fin.Take(C);
+  m.head.norm_eps = c.ln_eps;
+  m.head.tied = true;
+  const int f = static_cast<int>(m.units.size());
+  m.units.push_back(UnitSpec{"lnf", UnitKind::kFinal, -1, fin.numel()});
+  add("transformer.ln_f.weight", f, m.head.norm_weight_offset, {C}, kOnes);
+  add("transformer.ln_f.bias", f, m.head.norm_bias_offset, {C}, kZeros);
+  return m;
+}
+
+}  // namespace strata::models

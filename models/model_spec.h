@@ -1,0 +1,146 @@
+// What a model is, independent of its family: a ModelSpec says which units
+// the model is made of, which parameters each unit holds (with their Hugging
+// Face names, shapes, places in the unit's buffer and initialization rule),
+// and what a transformer block computes, as a list of ops over named tensors
+// (BlockSpec). A family (models/gpt2.h) builds a ModelSpec from its config;
+// everything above it — the executors (models/block_program.h, head.h,
+// embedding.h), the passes (models/passes.h), the resident model, the
+// trainer, checkpoints, the planner — reads the spec and names no family.
+//
+// Units. The offload engine moves state a unit at a time (one contiguous
+// buffer of parameters, and one each of gradients, master weights and
+// moments): unit 0 is the embedding, units 1..n_layer the blocks, the last
+// unit the final norm (and, untied, the LM head). Every parameter starts at a
+// multiple of kSliceAlign elements of its unit's buffer (128 bytes in
+// f16/bf16), so layouts do not depend on the dtype; the padding between
+// parameters is zero (never written; it counts in norms, as zeros).
+//
+// Thread-safety: a ModelSpec is a value; const access from any thread.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+
+namespace strata::models {
+
+inline constexpr int64_t kSliceAlign = 64;  // elements: 128 B for f16/bf16, 256 B for f32
+constexpr int64_t AlignSlice(int64_t n) { return (n + kSliceAlign - 1) / kSliceAlign * kSliceAlign; }
+
+enum class UnitKind : uint8_t { kEmbedding, kBlock, kFinal };
+
+// How a parameter is initialized from scratch (models/init.h).
+struct ParamInit {
+  enum Kind : uint8_t { kZeros, kOnes, kNormal } kind = kZeros;
+  double std = 0;  // kNormal
+};
+
+// One named parameter tensor of a unit.
+struct ParamSpec {
+  std::string name;            // Hugging Face name: "transformer.h.3.attn.c_attn.weight"
+  int unit = 0;                // index into ModelSpec::units
+  int64_t offset = 0;          // elements into the unit's buffer
+  std::vector<int64_t> shape;  // Hugging Face shape (row-major, as stored; wte without padding rows)
+  int64_t numel = 0;
+  ParamInit init;
+  // A file may hold more rows than the run uses (a position table longer
+  // than the sequence length): the first are taken.
+  bool extra_rows_ok = false;
+};
+
+struct UnitSpec {
+  std::string name;  // "emb", "blk3", "lnf": names of the unit's tensors in the store, checkpoints, tests
+  UnitKind kind = UnitKind::kBlock;
+  int layer = -1;     // kBlock: the block's index; else -1
+  int64_t numel = 0;  // the whole buffer, padding included
+};
+
+// ---- the block as a list of ops --------------------------------------------
+
+// A block computes y from x (both [B*T, d_model]) through ops over named
+// activations. Names: "x" is the block's input, "y" its output; every other
+// activation is made by exactly one op. Parameters are named as in the
+// block's unit without the block's prefix ("attn.c_attn.weight").
+enum class OpKind : uint8_t {
+  // out[N, C] = LayerNorm(in) * weight + bias (statistics kept for the backward).
+  kLayerNorm,
+  // out[N, n] = in[N, k] @ weight[k, n] (+ bias[n]) (+ residual[N, n]),
+  // then tanh-GELU when `gelu` (its pre-activation kept for the backward).
+  kLinear,
+  // out[N, C] = causal self-attention of in = qkv[N, 3C] (q | k | v columns,
+  // n_head heads of d_model / n_head; log-sum-exp kept for the backward).
+  kAttention,
+};
+
+struct BlockOp {
+  OpKind kind = OpKind::kLinear;
+  std::string in, out;
+  std::string weight, bias;  // parameters; bias "" = none
+  std::string residual;      // kLinear: an activation added to the result ("" = none)
+  bool gelu = false;         // kLinear
+};
+
+// A parameter of every block (offsets are the same in each block's unit).
+struct BlockParam {
+  std::string name;  // "attn.c_attn.weight"
+  int64_t offset = 0;
+  std::vector<int64_t> shape;
+  int64_t numel = 0;
+  ParamInit init;
+};
+
+struct BlockSpec {
+  std::vector<BlockParam> params;
+  std::vector<BlockOp> ops;
+  float norm_eps = 1e-5f;
+  const BlockParam* Find(const std::string& name) const;
+};
+
+// The embedding unit: token table [Vp, C] (rows >= vocab_size are padding:
+// zero, never exported) and a learned position table [max_seq, C], or none.
+struct EmbeddingSpec {
+  int64_t token_offset = 0;
+  int64_t position_offset = -1;  // -1: no position table
+};
+
+// The head: the final norm (its weight and bias in the final unit), the LM
+// head (tied: the embedding's token table), softmax cross-entropy.
+struct HeadSpec {
+  int64_t norm_weight_offset = 0;
+  int64_t norm_bias_offset = 0;
+  float norm_eps = 1e-5f;
+  bool tied = true;
+};
+
+struct ModelSpec {
+  std::string family;           // "gpt2"
+  std::string hf_architecture;  // "GPT2LMHeadModel"
+  // Names in files may lack this prefix (GPT2Model's own files): "transformer.".
+  std::string hf_base_prefix;
+  int64_t n_layer = 0;
+  int64_t d_model = 0;     // C
+  int64_t n_head = 0;
+  int64_t vocab_size = 0;  // V: real tokens
+  int64_t padded_vocab = 0;  // Vp: the token table's rows (a multiple of 128, >= V)
+  int64_t max_seq = 0;     // the longest sequence (rows of the position table)
+  std::vector<UnitSpec> units;    // embedding, blocks 0..n_layer-1, final
+  std::vector<ParamSpec> params;  // Hugging Face's named_parameters() order
+  BlockSpec block;
+  EmbeddingSpec embedding;
+  HeadSpec head;
+
+  int64_t head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  int num_units() const { return static_cast<int>(units.size()); }
+  int final_unit() const { return num_units() - 1; }
+  static int block_unit(int64_t layer) { return static_cast<int>(layer) + 1; }
+  // Trainable parameters as Hugging Face counts them (the tied head once, no padding).
+  int64_t NumParameters() const;
+  // The parameter named `name`; NotFound naming it otherwise.
+  Result<const ParamSpec*> Find(const std::string& name) const;
+  // Parameters of unit `u`, in order.
+  std::vector<const ParamSpec*> ParamsOf(int u) const;
+};
+
+}  // namespace strata::models
