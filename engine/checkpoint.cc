@@ -15,19 +15,11 @@
 namespace strata {
 
 namespace fs = std::filesystem;
-using kernels::GptBuffer;
-using kernels::HfTensorInfo;
+using models::ParamSpec;
 
 namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
-
-// The shard that holds HF tensor `t`.
-size_t ShardOf(const HfTensorInfo& t, size_t nshards) {
-  if (t.buffer == GptBuffer::kEmbedding) return 0;
-  if (t.buffer == GptBuffer::kLnF) return nshards - 1;
-  return static_cast<size_t>(t.layer) + 1;
-}
 
 Status WriteFileAtomic(const std::string& path, const std::string& text) {
   std::string tmp = path + ".tmp." + std::to_string(::getpid());
@@ -56,14 +48,14 @@ std::string StepName(int64_t step) {
   return b;
 }
 
-nlohmann::json ModelJson(const kernels::GptConfig& g) {
-  return {{"n_layer", g.n_layer}, {"n_embd", g.n_embd}, {"n_head", g.n_head},
-          {"vocab_size", g.vocab_size}, {"padded_vocab_size", g.Vp()}, {"seq_len", g.seq_len}};
+nlohmann::json ModelJson(const models::ModelSpec& m) {
+  return {{"n_layer", m.n_layer}, {"n_embd", m.d_model}, {"n_head", m.n_head},
+          {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab}, {"seq_len", m.max_seq}};
 }
 
 }  // namespace
 
-Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
                       const std::vector<CheckpointShard>& shards, const TrainState& state,
                       const nlohmann::json& config, std::ostream* log) {
   std::error_code ec;
@@ -87,7 +79,10 @@ Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
     }
   } cleanup{tmp_dir};
 
-  const std::vector<HfTensorInfo> tensors = kernels::HfTensors(model);
+  const std::vector<ParamSpec>& tensors = model.params;
+  if (shards.size() != model.units.size())
+    return Internal("checkpoint: " + std::to_string(shards.size()) + " shards for a model of " +
+                    std::to_string(model.units.size()) + " units");
   std::vector<SafetensorsWriter::Tensor> mdecl, odecl;
   for (const auto& t : tensors) {
     Shape shape(std::span<const int64_t>(t.shape.data(), t.shape.size()));
@@ -102,8 +97,7 @@ Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
   size_t loaded = SIZE_MAX;
   std::vector<float> w, m, v;
   for (const auto& t : tensors) {
-    size_t si = ShardOf(t, shards.size());
-    if (si >= shards.size()) return Internal("checkpoint: tensor " + t.name + " has no shard");
+    const size_t si = static_cast<size_t>(t.unit);
     if (si != loaded) {
       const auto& sh = shards[si];
       w.resize(static_cast<size_t>(sh.numel));
@@ -174,7 +168,7 @@ Result<std::string> ResolveCheckpoint(const std::string& dir) {
 
 }  // namespace
 
-Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
                       const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path) {
   ASSIGN_OR_RETURN(std::string ck, ResolveCheckpoint(dir));
   if (path) *path = ck;
@@ -213,9 +207,12 @@ Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
 
   ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/model.safetensors"));
   ASSIGN_OR_RETURN(SafetensorsFile of, SafetensorsFile::Open(ck + "/optimizer.safetensors"));
-  const std::vector<HfTensorInfo> tensors = kernels::HfTensors(model);
+  const std::vector<ParamSpec>& tensors = model.params;
+  if (shards.size() != model.units.size())
+    return Internal("resume: " + std::to_string(shards.size()) + " shards for a model of " +
+                    std::to_string(model.units.size()) + " units");
   // Validate every tensor of both files before writing anything.
-  auto check = [](const SafetensorsFile& f, const std::string& name, const HfTensorInfo& t) -> Status {
+  auto check = [](const SafetensorsFile& f, const std::string& name, const ParamSpec& t) -> Status {
     const SafetensorsEntry* e = f.Find(name);
     if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
     Shape want(std::span<const int64_t>(t.shape.data(), t.shape.size()));
@@ -233,7 +230,7 @@ Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
     const auto& sh = shards[si];
     std::vector<float> w(static_cast<size_t>(sh.numel), 0.f), m(w.size(), 0.f), v(w.size(), 0.f);
     for (const auto& t : tensors) {
-      if (ShardOf(t, shards.size()) != si) continue;
+      if (static_cast<size_t>(t.unit) != si) continue;
       auto copy = [&](const SafetensorsFile& f, const std::string& name, std::vector<float>& dst) {
         auto d = f.Data(*f.Find(name));
         std::memcpy(dst.data() + t.offset, d.data(), d.size());

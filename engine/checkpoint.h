@@ -1,6 +1,6 @@
-// Checkpoints: model weights as safetensors under Hugging Face GPT-2 names
-// (loadable by transformers' GPT2LMHeadModel), optimizer state, and a
-// manifest (config, step, data position, loss-scaler state).
+// Checkpoints: model weights as safetensors under the model's Hugging Face
+// names (loadable by transformers: GPT2LMHeadModel for GPT-2), optimizer
+// state, and a manifest (config, step, data position, loss-scaler state).
 //
 //   DIR/step-000040/model.safetensors      fp32 master weights, HF names/layouts
 //   DIR/step-000040/optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> (fp32)
@@ -26,16 +26,14 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
-#include "kernels/gpt.h"
+#include "models/model_spec.h"
 #include "optim/loss_scaler.h"
 
 namespace strata {
 
-// One buffer of the model as the trainer holds it (engine/trainer.cc):
-// reads and writes its fp32 master, m and v as host arrays of `numel`.
+// One unit of the model as the trainer holds it (engine/model_state.h), in
+// unit order: reads and writes its fp32 master, m and v as host arrays of `numel`.
 struct CheckpointShard {
-  kernels::GptBuffer kind = kernels::GptBuffer::kBlock;
-  int layer = -1;
   int64_t numel = 0;
   std::function<Status(float* master, float* m, float* v)> read;
   std::function<Status(const float* master, const float* m, const float* v)> write;
@@ -50,7 +48,7 @@ struct TrainState {
 
 // Writes a checkpoint of `state` under `dir` (created if needed). `config`
 // is recorded in the manifest. Progress lines go to `log` when given.
-Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
                       const std::vector<CheckpointShard>& shards, const TrainState& state,
                       const nlohmann::json& config, std::ostream* log);
 
@@ -60,7 +58,7 @@ Status SaveCheckpoint(const std::string& dir, const kernels::GptConfig& model,
 // each is an error naming the file and the tensor. Both files are validated
 // whole before the first shard is written; only a failure of a shard's own
 // write (the store) can stop the load part-way.
-Status LoadCheckpoint(const std::string& dir, const kernels::GptConfig& model,
+Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
                       const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path);
 
 }  // namespace strata

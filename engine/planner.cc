@@ -86,6 +86,12 @@ Result<Plan> MakePlan(const PlanInputs& in) {
   const uint64_t emb_rest_p =
       ((emb_gpu ? 0 : in.embedding_params) + (lnf_gpu ? 0 : in.final_params)) * in.param_bytes;
   const uint64_t max_block = std::max(in.layer_params, in.embedding_params + in.final_params);
+  // The largest shard whose optimizer state is offloaded (what a host
+  // optimizer's staging buffers are sized for), and how many there are.
+  const uint64_t max_offloaded = std::max({K == 0 ? in.embedding_params : 0,
+                                           Kb < L ? in.layer_params : 0, lnf_gpu ? 0 : in.final_params});
+  const uint64_t n_offloaded = static_cast<uint64_t>(n_shards - K);
+  const uint64_t align = std::max<uint64_t>(in.host_alignment, 1);
   const uint64_t opt_staging =
       3 * std::min<uint64_t>(max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
 
@@ -156,7 +162,6 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           p.prefetch_depth = p.params_resident ? 0 : depth;
           if (gt == kG) {
             grow.gpu = grad_gpu_all + acc_all;
-            if (ot != kG && restN > 0) grow.host = 2 * max_block * gb;  // staging for the optimizer's reads
           } else {
             grow.gpu = gpuN * (gb + acc_pp);
             grow.host = restN * (gb + acc_pp);
@@ -178,6 +183,20 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           crow.host = (ck_sets - gpu_sets) * ck_set;
           gpu += crow.gpu;
           host += crow.host;
+          // The host tier's own: staging, counts, NVMe staging, page rounding.
+          Plan::Row srow{"host staging (optimizer, nvme) and page rounding"};
+          uint64_t host_tensors = (pt == kH ? L - Kb : 0) + (ck_sets - gpu_sets) * (in.layer_major ? A : 1);
+          if (ot != kG && restN > 0) {
+            if (gt == kG) srow.host += AlignUp(max_offloaded * gb, align);
+            const bool params_up = pt == kG || !emb_gpu || !lnf_gpu;  // offloaded shards with GPU-homed parameters
+            if (params_up) srow.host += 2 * AlignUp(max_offloaded * in.param_bytes, align);
+            srow.host += AlignUp(4 * static_cast<uint64_t>(n_shards), align);  // non-finite counts
+            host_tensors += n_offloaded * ((gt == kH ? 1 + (acc_pp ? 1 : 0) : 0) + (ot == kH ? 3 : 0));
+            if (ot == kN) host_tensors += 9;  // three shards' master/m/v in the host window
+          }
+          if (ot == kN || pt == kN) srow.host += in.nvme_staging_bytes;
+          srow.host += host_tensors * align;
+          host += srow.host;
           p.checkpoint_gpu_layers = static_cast<int64_t>(gpu_sets);
           const bool gpu_ok = gpu <= in.gpu_budget, host_ok = host <= in.host_budget;
           if (!gpu_ok) best_gpu_need = std::min(best_gpu_need, gpu);
@@ -210,7 +229,7 @@ Result<Plan> MakePlan(const PlanInputs& in) {
           }
           if (ot == kN) p.nvme_read += restN * 12, p.nvme_write += restN * 12;
           if (pt == kN) p.nvme_read += 2 * passes * (L - Kb) * layer_p, p.nvme_write += param_all - gpu_blocks_p;
-          p.rows = {prow, grow, orow, crow, wrow};
+          p.rows = {prow, grow, orow, crow, wrow, srow};
           p.gpu_total = gpu;
           p.host_total = host;
           p.nvme_total = nvme;
@@ -223,12 +242,15 @@ Result<Plan> MakePlan(const PlanInputs& in) {
     Plan& p = best->plan;
     // The speculative update's second master/m/v, beside the first.
     if (in.speculative_state && p.optimizer == kH && restN > 0) {
+      // Three more host tensors per offloaded shard, each page-rounded.
       p.speculative_bytes = restN * 12;
-      p.speculative_fits = p.host_total + p.speculative_bytes <= in.host_budget;
+      const uint64_t rounding = 3 * n_offloaded * align;
+      p.speculative_fits = p.host_total + p.speculative_bytes + rounding <= in.host_budget;
       if (p.speculative_fits) {
-        // Right after the optimizer's own row (rows: params, grads, optimizer, checkpoints, working set).
+        // Right after the optimizer's own row (rows: params, grads, optimizer, checkpoints, working set, staging).
         p.rows.insert(p.rows.begin() + 3, Plan::Row{kSpeculativeRow, 0, p.speculative_bytes, 0});
-        p.host_total += p.speculative_bytes;
+        p.rows.back().host += rounding;
+        p.host_total += p.speculative_bytes + rounding;
       }
     }
     return p;
@@ -264,17 +286,6 @@ Result<Plan> MakePlan(const PlanInputs& in) {
                          FormatBytes(need) + " of host memory, " +
                          FormatBytes(need > in.host_budget ? need - in.host_budget : 0) +
                          " more than the budget of " + FormatBytes(in.host_budget) + " (" + hint + ")");
-}
-
-void Plan::DropSpeculativeState() {
-  if (!speculative_fits) return;
-  for (size_t i = 0; i < rows.size(); ++i)
-    if (rows[i].kind == kSpeculativeRow) {
-      rows.erase(rows.begin() + static_cast<std::ptrdiff_t>(i));
-      break;
-    }
-  host_total -= speculative_bytes;
-  speculative_fits = false;
 }
 
 std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
@@ -318,10 +329,7 @@ std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
     os << "checkpoints: the last " << checkpoint_gpu_layers << " layers' on the GPU, the rest on the host\n";
   os << "prefetch depth: " << (params_resident ? std::string("- (parameters resident)") : std::to_string(prefetch_depth))
      << ", schedule: " << (layer_major ? "layer-major" : "micro-batch-major") << "\n";
-  if (swap_window > 0)
-    os << "swap window: " << FormatBytes(swap_window)
-       << " of GPU memory for streamed tensors (prefetched by the step's schedule)\n";
-  os << "per step" << (traffic_scheduled ? " (scheduled)" : "") << ": H2D " << FormatBytes(h2d) << ", D2H "
+  os << "per step: H2D " << FormatBytes(h2d) << ", D2H "
      << FormatBytes(d2h) << ", NVMe read " << FormatBytes(nvme_read) << ", NVMe write " << FormatBytes(nvme_write)
      << "\n";
   return os.str();

@@ -16,7 +16,13 @@
 // plus the GPU working set: one layer's recompute scratch, the gradient
 // accumulator of one layer (fp32), the parameter buffers of the layers in
 // flight (prefetch depth + 1), the residual-stream gradients of the A
-// micro-batches, and the head's logits chunk.
+// micro-batches, and the head's logits chunk; and on the host, what the
+// host tier holds beside the state: a host optimizer's staging (GPU-homed
+// gradients of the largest offloaded shard come down through one buffer,
+// GPU-homed parameters go up through two), the non-finite counts, the
+// store's NVMe staging, and each allocation's rounding to the tier's pages.
+// So the host total is what the host tier will hold, and a plan that fits
+// (the speculative update's second set included) can be allocated.
 //
 // Policy: of the placements that fit both budgets, the one with the least
 // expected transfer time per step (PCIe bytes at PCIe speed, NVMe bytes at
@@ -86,6 +92,11 @@ struct PlanInputs {
   // pinned host memory, if the chosen placement leaves that much of the host
   // budget. The placement is chosen without it (it is a speed-up, not a need).
   bool speculative_state = false;
+  // The host tier's own allocations beside the state (a row of their own):
+  // each is rounded up to `host_alignment`, and with state on NVMe the
+  // store's staging buffers take `nvme_staging_bytes`.
+  uint64_t host_alignment = 4096;
+  uint64_t nvme_staging_bytes = 0;
 };
 
 struct Plan {
@@ -123,23 +134,25 @@ struct Plan {
   // they fit: then they are in `rows` (a row of their own) and host_total.
   uint64_t speculative_bytes = 0;
   bool speculative_fits = false;
-  // Takes the second set out of `rows` and host_total (the trainer could not
-  // allocate it after all); speculative_fits becomes false.
-  void DropSpeculativeState();
 
-  // Expected bytes per optimizer step over each link. MakePlan's figures
-  // are upper bounds from the sizes; the trainer replaces h2d/d2h with what
-  // its step's access schedule moves in the GPU room it really has
-  // (swap/prefetcher.h SimulateTraffic: blocks kept from the forward for the
-  // backward are not loaded twice) and sets traffic_scheduled.
+  // Bytes per optimizer step over each link: upper bounds from the sizes
+  // (what the step's schedule really moves is the trainer's ScheduledTraffic).
   uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
-  bool traffic_scheduled = false;
-  uint64_t swap_window = 0;  // GPU bytes the prefetcher keeps streamed tensors in (0: not known yet)
 
   // The plan as a table (what `strata train --dry-run` prints).
   std::string Table(uint64_t gpu_budget, uint64_t host_budget) const;
 };
 
 Result<Plan> MakePlan(const PlanInputs& in);
+
+// What the step's access schedule moves per step in the GPU room the run
+// really has (engine/step_schedule.h), beside the plan's bounds from the
+// sizes: blocks kept from the forward for the backward are not loaded twice.
+// The optimizer's own copies included (gradients with a GPU home come down
+// to a host optimizer, parameters with a GPU home go back up).
+struct ScheduledTraffic {
+  uint64_t h2d = 0, d2h = 0;
+  uint64_t swap_window = 0;  // GPU bytes the prefetcher keeps streamed tensors in
+};
 
 }  // namespace strata

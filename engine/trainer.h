@@ -1,6 +1,6 @@
 // The offload trainer: ZeRO-3 with offload on one GPU (or the CPU backend).
 //
-// What a step does, as data flows (../shared/DESIGN.md, "The step"):
+// What a step does, as data flows (docs/design.md, "The step"):
 //
 //   forward   embedding -> x_0; for each block l: x_{l+1} = block_l(x_l) for
 //             every micro-batch (layer-major: each block's parameters cross
@@ -69,87 +69,11 @@
 #include "base/status.h"
 #include "engine/config.h"
 #include "engine/planner.h"
+#include "engine/step_report.h"
+#include "engine/train_options.h"
 
 namespace strata {
 
-class IoEnv;
-
-struct TrainOptions {
-  Config config = DefaultConfig();
-  std::string default_data;            // used when config.data.path is empty
-  int64_t steps = -1;                  // -1: config.trainer.steps
-  std::string save_dir;                // checkpoints written under it ("" = none)
-  int64_t save_every = 0;              // steps between checkpoints (0: only at the end)
-  std::string resume_dir;              // a checkpoint (or a --save dir: its latest)
-  std::string init_from;               // HF GPT-2 weights (safetensors) to start from
-  std::string init_prefix;             // prefix of the tensor names in init_from ("" for HF files)
-  uint64_t gpu_memory_limit = 0;       // 0: the card's free memory (stand-in: 4 GiB)
-  uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
-  std::string backend = "auto";        // auto | cpu | cuda
-  std::string log_json;                // JSON lines, one per logged step
-  bool progress = false;               // a progress line on a terminal
-  int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
-  IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
-  uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
-  bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one
-  // Update the optimizer state after the backward even when it could run
-  // during it (no clipping, no dynamic loss scale): the mode of a run with
-  // gradient clipping. Both give the same bits; the post-backward mode adds
-  // the update's time after the backward, but a step that meets a non-finite
-  // gradient (bf16/fp32: an error) then leaves the state untouched, where
-  // during the backward the shards taken before it may already be updated
-  // (the error says so; the last checkpoint is the one to resume from).
-  bool optimizer_after_backward = false;
-  // With gradient clipping, update during the backward on speculation
-  // (trainer.h's header comment) when the plan has host room for the second
-  // set; false: after the backward, as without room. Same bits either way.
-  bool speculative_update = true;
-  // Tests: speculate at every step, the first and those after a clipped one
-  // included (so that misses happen).
-  bool speculate_every_step = false;
-  // Tests: a NaN is put into shard `inject_nonfinite_shard`'s gradient
-  // ("emb", "blk<l>", "lnf") as it is finished in optimizer step
-  // `inject_nonfinite_step` (1-based).
-  std::string inject_nonfinite_shard;
-  int64_t inject_nonfinite_step = 0;
-};
-
-// What became of a step's speculative update (TrainOptions::speculative_update).
-enum class Speculation : uint8_t {
-  kNone,       // the step did not speculate (the update ran after the backward, or during it without clipping)
-  kCommitted,  // it did, and the norm was within the threshold: the speculated update was kept
-  kMissed,     // it did, the norm was clipped: the speculated shards were redone with the true multiplier
-};
-const char* SpeculationName(Speculation s);  // "none", "committed", "missed"
-
-struct StepReport {
-  int64_t step = 0;            // optimizer steps taken after this one
-  double loss = 0;             // mean training loss of the step's micro-batches
-  double lr = 0;
-  double loss_scale = 1;
-  double grad_norm = 0;        // unscaled global L2 norm, before clipping
-  bool skipped = false;        // fp16 overflow: no update
-  Speculation speculation = Speculation::kNone;  // this step's update
-  int64_t tokens = 0;
-  double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
-  // optimizer_s: the previous step's update, from its job's posting (after
-  // the backward, or before the backward's last pass when the update runs
-  // during it) to its last shard.
-  double forward_s = 0, backward_s = 0, optimizer_s = 0, wait_s = 0;
-  // Of optimizer_s's parameters (the offloaded shards': not the GPU-state
-  // prefix of offload_optimizer.ratio < 1, which the step's thread updates),
-  // the share the GPU-assisted worker updated.
-  double optimizer_gpu_share = 0;
-  // Bytes moved since the last step (the previous step's optimizer update,
-  // which overlaps this step's forward, included; Evaluate's and Save's not).
-  // Whichever the update mode, the optimizer's own PCIe copies count with
-  // the update they belong to (the previous step's), wherever they fall in
-  // time. The NVMe bytes are the links' counts between the ends of two
-  // steps: an update running across a step's end (its write-behind, or
-  // during the backward its state reads) splits between two reports.
-  uint64_t h2d = 0, d2h = 0, nvme_read = 0, nvme_write = 0;
-  double tflops = 0, mfu = 0;  // model FLOPs (6N + 12 L d T per token) / time, / peak
-};
 
 // What a run used and measured, for reports (strata-bench train).
 struct TrainerInfo {
@@ -200,7 +124,10 @@ class Trainer {
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
 
+  // The plan (a value, as MakePlan made it) and what the step's schedule
+  // moves per step in the GPU room the run has; the table prints both.
   const Plan& plan() const;
+  const ScheduledTraffic& traffic() const;
   std::string PlanTable() const;
 
   // One optimizer step on the next batches of the data loader.

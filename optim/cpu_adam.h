@@ -248,7 +248,7 @@ class CpuAdam {
     // bitwise the same for every distance and hint (tests/optim).
     // Default 2 KiB into L1: scripts/adam-sweep.sh on the H200 host (16
     // threads, f16:f32:f16, 200M parameters) measured 5.46-5.86 G params/s
-    // with it against 4.69-5.19 without (bench/MEASUREMENTS.md).
+    // with it against 4.69-5.19 without (docs/measurements.md).
     size_t prefetch_bytes = 2048;
     PrefetchHint prefetch_hint = PrefetchHint::kL1;
   };

@@ -4,7 +4,7 @@
 The host memory of the GPU machine's VM instances differs by up to 40% from
 one instance to the next, so a peer figure from another day says little about
 this instance. This measures torch.optim.AdamW(fused=True) on fp32 parameters,
-gradients and state (DeepSpeed's and DESIGN.md's configuration: 28 B per
+gradients and state (DeepSpeed's configuration, as strata's: 28 B per
 parameter moved) in the same session as `strata-bench adam`.
 
     scripts/peer-adam.py [--params 200M] [--threads 16] [--steps 5]

@@ -70,7 +70,9 @@ struct CopyState;
 // A default-constructed ticket is complete and OK.
 class CopyTicket {
  public:
-  CopyTicket() = default;
+  CopyTicket() = default;  // no copy: Wait and StreamWait return OK at once
+  // Whether it stands for a copy.
+  bool valid() const { return state_ != nullptr; }
   // Blocks until the copy has landed; returns its status.
   Status Wait() const;
   // True when the copy has landed; an error if it failed.

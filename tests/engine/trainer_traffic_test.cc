@@ -1,14 +1,14 @@
 // PCIe bytes per step of the offload trainer with the GPU budget tight
 // (CPU backend: the GPU tier is a host stand-in and its copy engine counts
 // every byte, so StepReport.h2d/d2h are exact). The step's access schedule
-// runs through the prefetcher: each step moves exactly what the plan says
-// (the schedule's figure), no copy is loaded twice, the store never has to
+// runs through the prefetcher: each step moves exactly what the schedule says
+// (Trainer::traffic, printed beside the plan), no copy is loaded twice, the store never has to
 // make room on its own, and losses do not depend on the room.
 #include <sstream>
 
 #include "base/bytes.h"
 #include "engine/trainer.h"
-#include "kernels/gpt.h"
+#include "engine/model_config.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 
@@ -38,21 +38,19 @@ struct Sizes {
 
 Sizes SizesOf(const TrainOptions& o) {
   const Config& c = o.config;
-  kernels::GptConfig g;
-  g.n_layer = c.model.n_layer;
-  g.n_embd = c.model.n_embd;
-  g.n_head = c.model.n_head;
-  g.vocab_size = c.model.vocab_size;
-  g.seq_len = c.model.seq_len;
+  Result<models::ModelSpec> spec = ModelSpecFor(c);
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return Sizes{};
+  const models::ModelSpec& m = *spec;
   const uint64_t dt = c.bf16 ? 2 : 4;
-  const uint64_t block = static_cast<uint64_t>(kernels::BlockLayout::For(g.n_embd).numel);
-  const uint64_t emb = static_cast<uint64_t>(kernels::EmbeddingLayout::For(g.Vp(), g.seq_len, g.n_embd).numel);
-  const uint64_t lnf = static_cast<uint64_t>(kernels::LnFLayout::For(g.n_embd).numel);
+  const uint64_t block = static_cast<uint64_t>(m.units[1].numel);
+  const uint64_t emb = static_cast<uint64_t>(m.units.front().numel);
+  const uint64_t lnf = static_cast<uint64_t>(m.units.back().numel);
   Sizes s;
   s.block = block * dt;
-  s.grads = (static_cast<uint64_t>(g.n_layer) * block + emb + lnf) * dt;  // fp32, or bf16 in bf16 training
+  s.grads = (static_cast<uint64_t>(m.n_layer) * block + emb + lnf) * dt;  // fp32, or bf16 in bf16 training
   s.upload = (emb + lnf) * dt;
-  s.ck_set = static_cast<uint64_t>(c.grad_accum * c.micro_batch * c.model.seq_len * g.n_embd) * dt;
+  s.ck_set = static_cast<uint64_t>(c.grad_accum * c.micro_batch * c.model.seq_len * m.d_model) * dt;
   return s;
 }
 
@@ -72,12 +70,12 @@ TEST_P(TrainerTraffic, BytesPerStepAreWhatThePlanSays) {
   std::ostringstream log;
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
   const Plan plan = t->plan();
+  const ScheduledTraffic traffic = t->traffic();
   const std::string table = t->PlanTable();
   ASSERT_FALSE(plan.params_resident) << table;
   ASSERT_EQ(plan.params, TierKind::kHost) << table;
   ASSERT_EQ(plan.checkpoints, TierKind::kHost) << table;
   ASSERT_EQ(plan.grads, TierKind::kHost) << table;
-  ASSERT_TRUE(plan.traffic_scheduled);
 
   const Sizes s = SizesOf(o);
   const uint64_t L = static_cast<uint64_t>(p.n_layer);
@@ -85,22 +83,22 @@ TEST_P(TrainerTraffic, BytesPerStepAreWhatThePlanSays) {
   // Down: every gradient, and every host checkpoint once (written in the
   // forward, it goes home when the window has no room for it until the
   // backward, or after the backward has read it).
-  EXPECT_EQ(plan.d2h, s.grads + host_sets * s.ck_set) << table;
+  EXPECT_EQ(traffic.d2h, s.grads + host_sets * s.ck_set) << table;
   // Up: each block's new parameters once at least, twice at most; host
   // checkpoints back once at most (the head's input never); the embedding's
   // and ln_f's updates. No reloads.
   const uint64_t back = (plan.checkpoint_gpu_layers == 0 ? host_sets - 1 : host_sets) * s.ck_set;
-  EXPECT_LE(plan.h2d, 2 * L * s.block + back + s.upload) << table;
-  EXPECT_GE(plan.h2d, L * s.block + s.upload) << table;
+  EXPECT_LE(traffic.h2d, 2 * L * s.block + back + s.upload) << table;
+  EXPECT_GE(traffic.h2d, L * s.block + s.upload) << table;
   // The room is used: blocks kept from the forward for the backward come
   // in once, below the planner's estimate of two passes.
-  EXPECT_LT(plan.h2d, 2 * L * s.block + back + s.upload) << table;
+  EXPECT_LT(traffic.h2d, 2 * L * s.block + back + s.upload) << table;
 
   for (int step = 1; step <= 5; ++step) {
     ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
     if (step == 1) continue;  // no update to upload yet, first loads from nothing resident
-    EXPECT_EQ(r.h2d, plan.h2d) << "step " << step << "\n" << table;
-    EXPECT_EQ(r.d2h, plan.d2h) << "step " << step << "\n" << table;
+    EXPECT_EQ(r.h2d, traffic.h2d) << "step " << step << "\n" << table;
+    EXPECT_EQ(r.d2h, traffic.d2h) << "step " << step << "\n" << table;
   }
   TrainerInfo info = t->Info();
   EXPECT_GT(info.swap_window, 0u);
@@ -131,13 +129,14 @@ TEST(TrainerTrafficRoomy, AWindowThatHoldsTheStepLoadsEachBlockOnce) {
   std::ostringstream log;
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
   const Plan plan = t->plan();
+  const ScheduledTraffic traffic = t->traffic();
   ASSERT_FALSE(plan.params_resident) << t->PlanTable();
   const Sizes s = SizesOf(o);
-  EXPECT_EQ(plan.h2d, 4 * s.block + s.upload) << t->PlanTable();
+  EXPECT_EQ(traffic.h2d, 4 * s.block + s.upload) << t->PlanTable();
   for (int step = 1; step <= 3; ++step) {
     ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
     if (step > 1) {
-      EXPECT_EQ(r.h2d, plan.h2d) << "step " << step;
+      EXPECT_EQ(r.h2d, traffic.h2d) << "step " << step;
     }
   }
 }
@@ -177,19 +176,19 @@ TEST(TrainerTrafficMicroBatchMajor, BytesPerStepAreTheSchedules) {
     std::ostringstream log;
     ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
     const Plan plan = t->plan();
+    const ScheduledTraffic traffic = t->traffic();
     const std::string table = t->PlanTable();
     ASSERT_FALSE(plan.params_resident) << table;
     ASSERT_FALSE(plan.layer_major) << table;
-    ASSERT_TRUE(plan.traffic_scheduled);
     const Sizes s = SizesOf(o);
     // Every block goes up at least once per step; every gradient comes down.
-    EXPECT_GE(plan.h2d, 8 * s.block + s.upload) << table;
-    EXPECT_GE(plan.d2h, s.grads) << table;
+    EXPECT_GE(traffic.h2d, 8 * s.block + s.upload) << table;
+    EXPECT_GE(traffic.d2h, s.grads) << table;
     for (int step = 1; step <= 4; ++step) {
       ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
       if (step == 1) continue;
-      EXPECT_EQ(r.h2d, plan.h2d) << "step " << step << "\n" << table;
-      EXPECT_EQ(r.d2h, plan.d2h) << "step " << step << "\n" << table;
+      EXPECT_EQ(r.h2d, traffic.h2d) << "step " << step << "\n" << table;
+      EXPECT_EQ(r.d2h, traffic.d2h) << "step " << step << "\n" << table;
     }
     TrainerInfo info = t->Info();
     EXPECT_EQ(info.swap_forced, 0u);

@@ -1,0 +1,31 @@
+// The model and the dtypes a training config describes: the family's spec
+// (models/model_spec.h) from the config's `model` section, the compute dtype
+// from its precision, and the dtype the optimizer reads gradients in.
+//
+// Thread-safety: free functions.
+#pragma once
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "engine/config.h"
+#include "models/model_spec.h"
+
+namespace strata {
+
+// InvalidArgument naming "<source>: model" and the field when the section is off.
+Result<models::ModelSpec> ModelSpecFor(const Config& c);
+
+// bf16, fp16 or fp32: the parameters' and activations' dtype.
+DType ComputeDType(const Config& c);
+
+// The gradients the optimizer reads: bf16 in bf16 training (as DeepSpeed's
+// bf16 ZeRO-3), fp32 otherwise. Whatever this is, every gradient is
+// accumulated over the micro-batches in fp32 on the GPU and rounded once, so
+// all placements compute the same update.
+inline DType GradDType(DType compute) { return compute == DType::kBF16 ? DType::kBF16 : DType::kF32; }
+
+// FLOPs per trained token as the MFU convention counts them: 6 N for the
+// parameter GEMMs forward and backward, plus 12 L d T for attention.
+double ModelFlopsPerToken(const models::ModelSpec& m, int64_t seq);
+
+}  // namespace strata

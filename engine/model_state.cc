@@ -1,0 +1,252 @@
+#include "engine/model_state.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <thread>
+
+#include <tbb/parallel_for.h>
+#include <tbb/task_arena.h>
+
+#include "base/half.h"
+#include "engine/safetensors.h"
+#include "models/init.h"
+
+namespace strata {
+
+using models::UnitKind;
+
+ModelState::ModelState(TierStore* store, models::ModelSpec spec, Layout layout)
+    : store_(store), spec_(std::move(spec)), layout_(layout) {}
+
+Result<std::unique_ptr<ModelState>> ModelState::Create(TierStore* store, const models::ModelSpec& spec,
+                                                       const Plan& plan, const Layout& layout, bool speculative) {
+  std::unique_ptr<ModelState> m(new ModelState(store, spec, layout));
+  RETURN_IF_ERROR(m->CreateShards(plan));
+  RETURN_IF_ERROR(m->CreateCheckpoints(plan));
+  if (speculative) RETURN_IF_ERROR(m->CreateSpeculativeSets());
+  return m;
+}
+
+Status ModelState::CreateShards(const Plan& plan) {
+  const bool accum_across = !layout_.layer_major && layout_.micro_batches > 1;
+  for (const models::UnitSpec& u : spec_.units) {
+    Shard s;
+    s.name = u.name;
+    s.kind = u.kind;
+    s.layer = u.layer;
+    s.numel = u.numel;
+    // offload_optimizer.ratio < 1: the first plan.optimizer_gpu_shards shards
+    // (forward order) keep optimizer state, gradients and parameters on the GPU.
+    const bool gpu_state = static_cast<int64_t>(shards_.size()) < plan.optimizer_gpu_shards;
+    const bool host_opt = !gpu_state && plan.optimizer != TierKind::kGpu;
+    s.opt_home = host_opt ? plan.optimizer : TierKind::kGpu;
+    s.g_home = gpu_state ? TierKind::kGpu : plan.grads;
+    if (!host_opt) s.p_home = TierKind::kGpu;
+    else if (u.kind == UnitKind::kBlock && !plan.params_resident) s.p_home = plan.params;
+    else s.p_home = TierKind::kGpu;
+    const Shape shape{u.numel};
+    ASSIGN_OR_RETURN(s.p, store_->Create(s.name + ".p", layout_.dtype, shape, s.p_home));
+    ASSIGN_OR_RETURN(s.g, store_->Create(s.name + ".g", layout_.grad_dtype, shape, s.g_home));
+    ASSIGN_OR_RETURN(s.w, store_->Create(s.name + ".w", DType::kF32, shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", DType::kF32, shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", DType::kF32, shape, s.opt_home));
+    if (accum_across && u.kind == UnitKind::kBlock && layout_.grad_dtype != DType::kF32) {
+      ASSIGN_OR_RETURN(s.gacc, store_->Create(s.name + ".gacc", DType::kF32, shape, s.g_home));
+    }
+    param_shard_[s.p.value] = shards_.size();
+    shards_.push_back(std::move(s));
+  }
+  if (plan.optimizer != TierKind::kGpu)
+    gpu_prefix_ = static_cast<size_t>(
+        std::clamp<int64_t>(plan.optimizer_gpu_shards, 0, static_cast<int64_t>(shards_.size())));
+  return Status::OK();
+}
+
+Status ModelState::CreateCheckpoints(const Plan& plan) {
+  const int64_t L = spec_.n_layer;
+  const int64_t sets = layout_.layer_major ? layout_.micro_batches : 1;
+  std::vector<TierKind> home(static_cast<size_t>(L + 1), plan.checkpoints);
+  if (plan.checkpoints != TierKind::kGpu)
+    for (int64_t l = L + 1 - plan.checkpoint_gpu_layers; l <= L; ++l) home[static_cast<size_t>(l)] = TierKind::kGpu;
+  checkpoints_.assign(static_cast<size_t>(L + 1), {});
+  for (int64_t l = 0; l <= L; ++l)
+    for (int64_t a = 0; a < sets; ++a) {
+      ASSIGN_OR_RETURN(TensorId id, store_->Create("x" + std::to_string(l) + "." + std::to_string(a), layout_.dtype,
+                                                   Shape{layout_.batch, layout_.seq, spec_.d_model},
+                                                   home[static_cast<size_t>(l)]));
+      checkpoints_[static_cast<size_t>(l)].push_back(id);
+    }
+  return Status::OK();
+}
+
+// The plan counted the second sets (PlanInputs::speculative_state): a failure
+// here means the host tier holds something the plan does not know of.
+Status ModelState::CreateSpeculativeSets() {
+  for (Shard& sh : shards_) {
+    if (sh.opt_home != TierKind::kHost) continue;
+    for (auto [suffix, id] : {std::pair{".w2", &sh.w2}, {".m2", &sh.m2}, {".v2", &sh.v2}}) {
+      Result<TensorId> r = store_->Create(sh.name + suffix, DType::kF32, Shape{sh.numel}, TierKind::kHost);
+      if (!r.ok())
+        return r.status().WithContext("the speculative update's second fp32 master/m/v, which the plan counted");
+      *id = *r;
+    }
+  }
+  speculative_ = true;
+  return Status::OK();
+}
+
+std::optional<size_t> ModelState::ShardOfParams(TensorId id) const {
+  auto it = param_shard_.find(id.value);
+  if (it == param_shard_.end()) return std::nullopt;
+  return it->second;
+}
+
+uint64_t ModelState::MaxOffloadedNumel() const {
+  int64_t n = 0;
+  for (const Shard& sh : shards_)
+    if (sh.opt_home != TierKind::kGpu) n = std::max(n, sh.numel);
+  return static_cast<uint64_t>(n);
+}
+
+bool ModelState::OffloadedGradsOnGpu() const {
+  for (const Shard& sh : shards_)
+    if (sh.opt_home != TierKind::kGpu && sh.g_home == TierKind::kGpu) return true;
+  return false;
+}
+
+bool ModelState::OffloadedParamsOnGpu() const {
+  for (const Shard& sh : shards_)
+    if (sh.opt_home != TierKind::kGpu && sh.p_home == TierKind::kGpu) return true;
+  return false;
+}
+
+// ---- initialization ------------------------------------------------------------
+
+// Shards are initialized in parallel (a few at a time: each holds a few
+// copies of its size in host memory); the values do not depend on the order.
+Status ModelState::InitRandom(uint64_t seed) {
+  std::mutex err_mu;
+  Status first;
+  tbb::task_arena arena(std::max(1, std::min<int>(6, static_cast<int>(std::thread::hardware_concurrency()))));
+  arena.execute([&] {
+    tbb::parallel_for(size_t{0}, shards_.size(), [&](size_t i) {
+      auto master = models::InitUnit(spec_, static_cast<int>(i), seed);
+      Status st = master.ok() ? WriteShardState(i, master->data(), nullptr, nullptr) : master.status();
+      if (!st.ok()) {
+        std::lock_guard<std::mutex> lk(err_mu);
+        if (first.ok()) first = st.WithContext("initializing " + shards_[i].name);
+      }
+    });
+  });
+  return first;
+}
+
+Status ModelState::InitFromHf(const std::string& path, const std::string& prefix) {
+  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+  const std::string& base = spec_.hf_base_prefix;
+  for (size_t si = 0; si < shards_.size(); ++si) {
+    std::vector<float> master(static_cast<size_t>(shards_[si].numel), 0.f);
+    for (const models::ParamSpec* t : spec_.ParamsOf(static_cast<int>(si))) {
+      std::string name = prefix + t->name;
+      const SafetensorsEntry* e = f.Find(name);
+      if (!e && !base.empty() && t->name.rfind(base, 0) == 0) {
+        name = prefix + t->name.substr(base.size());
+        e = f.Find(name);
+      }
+      if (!e) return NotFound("tensor '" + prefix + t->name + "' is not in " + path);
+      bool shape_ok = e->shape.rank() == static_cast<int>(t->shape.size());
+      for (size_t d = 0; shape_ok && d < t->shape.size(); ++d)
+        shape_ok = t->extra_rows_ok && d == 0 ? e->shape[0] >= t->shape[0]
+                                              : e->shape[static_cast<int>(d)] == t->shape[d];
+      if (!shape_ok) {
+        std::string want = "[";
+        for (size_t d = 0; d < t->shape.size(); ++d) want += (d ? ", " : "") + std::to_string(t->shape[d]);
+        return InvalidArgument("tensor '" + name + "' in " + path + " has shape " + e->shape.ToString() +
+                               ", the configured model needs " + want + "]" +
+                               (t->extra_rows_ok ? " (at least seq_len rows)" : ""));
+      }
+      ASSIGN_OR_RETURN(std::vector<float> v, f.ReadF32(name));
+      std::copy(v.begin(), v.begin() + t->numel, master.begin() + t->offset);
+    }
+    RETURN_IF_ERROR(WriteShardState(si, master.data(), nullptr, nullptr));
+  }
+  return Status::OK();
+}
+
+// ---- state I/O -------------------------------------------------------------------
+
+Status ModelState::WriteShardState(size_t si, const float* master, const float* m, const float* v) {
+  Shard& s = shards_[si];
+  const size_t n = static_cast<size_t>(s.numel);
+  const uint64_t fbytes = n * 4;
+  RETURN_IF_ERROR(store_->Write(s.w, master, fbytes));
+  std::vector<float> zeros;
+  if (!m || !v) zeros.assign(n, 0.f);
+  RETURN_IF_ERROR(store_->Write(s.m, m ? m : zeros.data(), fbytes));
+  RETURN_IF_ERROR(store_->Write(s.v, v ? v : zeros.data(), fbytes));
+  RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
+  // Gradients start as zeros so that padding never holds garbage.
+  if (zeros.empty()) zeros.assign(n, 0.f);
+  RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), n * DTypeSize(layout_.grad_dtype)));
+  // Write-through to the homes that are not the copy written (NVMe state).
+  for (TensorId id : {s.g, s.w, s.m, s.v}) {
+    ASSIGN_OR_RETURN(TensorInfo info, store_->Info(id));
+    if (info.home == TierKind::kNvme) {
+      ASSIGN_OR_RETURN(Ticket t, store_->Evict(id, TierKind::kHost));
+      RETURN_IF_ERROR(t.Wait());
+    }
+  }
+  return Status::OK();
+}
+
+Status ModelState::WriteParamsFromMaster(size_t si, const float* master) {
+  Shard& s = shards_[si];
+  const size_t n = static_cast<size_t>(s.numel);
+  const DType dtype = layout_.dtype;
+  std::vector<uint8_t> p(n * DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    std::memcpy(p.data(), master, n * 4);
+  } else {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
+    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
+  }
+  RETURN_IF_ERROR(store_->Write(s.p, p.data(), p.size()));
+  if (s.p_home == TierKind::kNvme) {  // write-through
+    ASSIGN_OR_RETURN(Ticket t, store_->Evict(s.p, TierKind::kHost));
+    RETURN_IF_ERROR(t.Wait());
+  }
+  return Status::OK();
+}
+
+Status ModelState::ReadShardState(size_t si, float* master, float* m, float* v) {
+  const Shard& s = shards_[si];
+  const uint64_t fbytes = static_cast<uint64_t>(s.numel) * 4;
+  if (master) RETURN_IF_ERROR(store_->Read(s.w, master, fbytes));
+  if (m) RETURN_IF_ERROR(store_->Read(s.m, m, fbytes));
+  if (v) RETURN_IF_ERROR(store_->Read(s.v, v, fbytes));
+  return Status::OK();
+}
+
+std::vector<CheckpointShard> ModelState::CheckpointShards() {
+  std::vector<CheckpointShard> out;
+  for (size_t i = 0; i < shards_.size(); ++i) {
+    CheckpointShard c;
+    c.numel = shards_[i].numel;
+    c.read = [this, i](float* w, float* m, float* v) { return ReadShardState(i, w, m, v); };
+    c.write = [this, i](const float* w, const float* m, const float* v) { return WriteShardState(i, w, m, v); };
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+Result<std::vector<float>> ModelState::Parameter(const std::string& hf_name) {
+  Result<const models::ParamSpec*> t = spec_.Find(hf_name);
+  if (!t.ok()) return NotFound("no parameter named '" + hf_name + "'");
+  const size_t si = static_cast<size_t>((*t)->unit);
+  std::vector<float> all(static_cast<size_t>(shards_[si].numel));
+  RETURN_IF_ERROR(ReadShardState(si, all.data(), nullptr, nullptr));
+  return std::vector<float>(all.begin() + (*t)->offset, all.begin() + (*t)->offset + (*t)->numel);
+}
+
+}  // namespace strata

@@ -1,0 +1,123 @@
+// ModelState: the model's training state in the tier store. One shard per
+// unit of the model (models/model_spec.h: the embedding, each block, the
+// final unit), each with its parameters (compute dtype), gradients (the
+// optimizer's gradient dtype), fp32 master weights and Adam moments — and,
+// for the speculative update, a second fp32 master/m/v — homed where the
+// plan says; and the activation checkpoints (each layer's input, per
+// micro-batch set). It creates them, initializes them (from scratch or from
+// a Hugging Face file), and reads and writes a shard's state for
+// checkpoints, resume and tests.
+//
+// Who may touch a shard's ids (the speculative update swaps the two sets):
+// the optimizer worker holding the shard, or, when none does, the step
+// thread (under the optimizer pool's lock, or with no job running).
+//
+// Ownership: borrows the store (which must outlive it) and owns the tensors
+// it created there (removed with the store). Thread-safety: see above; the
+// state I/O calls are made with no optimizer job running.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/dtype.h"
+#include "base/status.h"
+#include "base/tier_kind.h"
+#include "engine/checkpoint.h"
+#include "engine/planner.h"
+#include "models/model_spec.h"
+#include "tiers/tier_store.h"
+
+namespace strata {
+
+struct Shard {
+  std::string name;  // the unit's: "emb", "blk3", "lnf"
+  models::UnitKind kind = models::UnitKind::kBlock;
+  int layer = -1;
+  int64_t numel = 0;
+  TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master, exp_avg, exp_avg_sq (f32)
+  TensorId w2, m2, v2;     // the speculative update's other set (host, f32; invalid when unused)
+  TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
+  TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
+};
+
+class ModelState {
+ public:
+  struct Layout {
+    DType dtype = DType::kF32;       // parameters and activations
+    DType grad_dtype = DType::kF32;  // gradients the optimizer reads
+    int64_t batch = 1, seq = 1, micro_batches = 1;
+    bool layer_major = true;  // checkpoints of every micro-batch (else of one)
+  };
+  // Creates every tensor with its home from the plan: the shards (the first
+  // plan.optimizer_gpu_shards keep optimizer state, gradients and parameters
+  // on the GPU), the checkpoints (the plan's split: the last
+  // checkpoint_gpu_layers sets on the GPU). With `speculative`, the second
+  // set of every shard whose state is on the host.
+  static Result<std::unique_ptr<ModelState>> Create(TierStore* store, const models::ModelSpec& spec, const Plan& plan,
+                                                    const Layout& layout, bool speculative);
+
+  const models::ModelSpec& spec() const { return spec_; }
+  const Layout& layout() const { return layout_; }
+  size_t size() const { return shards_.size(); }
+  Shard& shard(size_t s) { return shards_[s]; }
+  const Shard& shard(size_t s) const { return shards_[s]; }
+  const std::vector<Shard>& shards() const { return shards_; }
+  // With offload_optimizer.ratio < 1 (and the rest offloaded): shards
+  // [0, gpu_prefix) keep their optimizer state on the GPU and are updated by
+  // the step's thread; 0 when every shard's state is on the GPU or none.
+  size_t gpu_prefix() const { return gpu_prefix_; }
+  // The checkpoint x_layer of micro-batch `micro` (layer n_layer: the head's input).
+  TensorId checkpoint(int layer, int64_t micro) const {
+    return checkpoints_[static_cast<size_t>(layer)][layout_.layer_major ? static_cast<size_t>(micro) : 0];
+  }
+  // The shard whose parameters `id` is, if any.
+  std::optional<size_t> ShardOfParams(TensorId id) const;
+  // The largest shard a host optimizer updates (0: every shard's state is on
+  // the GPU), and whether such shards have gradients / parameters homed on
+  // the GPU (they then move through host staging).
+  uint64_t MaxOffloadedNumel() const;
+  bool OffloadedGradsOnGpu() const;
+  bool OffloadedParamsOnGpu() const;
+  bool speculative() const { return speculative_; }
+
+  // ---- initialization and state I/O ------------------------------------------
+  // The family's initialization (models/init.h), shards in parallel.
+  Status InitRandom(uint64_t seed);
+  // Parameters from a safetensors file under the spec's Hugging Face names
+  // (with or without the family's base prefix, after `prefix`), any float
+  // dtype; m = v = 0. A position table may have more rows than the run uses.
+  Status InitFromHf(const std::string& path, const std::string& prefix);
+  // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
+  // parameters become the master rounded to the compute dtype; the gradients zeros.
+  Status WriteShardState(size_t s, const float* master, const float* m, const float* v);
+  // The master rounded to the compute dtype — what the CPU and GPU Adam write
+  // beside it, bit for bit — written into the shard's parameters.
+  Status WriteParamsFromMaster(size_t s, const float* master);
+  Status ReadShardState(size_t s, float* master, float* m, float* v);
+  // The shards as the checkpoint code reads and writes them.
+  std::vector<CheckpointShard> CheckpointShards();
+  // A parameter's fp32 master weights by its Hugging Face name.
+  Result<std::vector<float>> Parameter(const std::string& hf_name);
+
+ private:
+  ModelState(TierStore* store, models::ModelSpec spec, Layout layout);
+  Status CreateShards(const Plan& plan);
+  Status CreateCheckpoints(const Plan& plan);
+  Status CreateSpeculativeSets();
+
+  TierStore* store_;
+  models::ModelSpec spec_;
+  Layout layout_;
+  std::vector<Shard> shards_;
+  size_t gpu_prefix_ = 0;
+  bool speculative_ = false;
+  std::vector<std::vector<TensorId>> checkpoints_;  // [n_layer + 1][sets]
+  std::unordered_map<uint64_t, size_t> param_shard_;  // params TensorId -> shard
+};
+
+}  // namespace strata

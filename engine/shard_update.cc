@@ -1,0 +1,318 @@
+#include "engine/shard_update.h"
+
+#include <algorithm>
+
+#include "base/bytes.h"
+#include "optim/gpu_adam.h"
+
+namespace strata {
+
+namespace {
+
+// The Adam view of a shard's buffers.
+optim::AdamShard AdamView(uint64_t n, float* master, void* m, void* v, const void* grad, DType grad_dtype,
+                          void* param_out, DType dtype) {
+  optim::AdamShard a;
+  a.n = n;
+  a.master = master;
+  a.exp_avg = m;
+  a.exp_avg_sq = v;
+  a.grad = grad;
+  a.grad_dtype = grad_dtype;
+  a.param_out = param_out;
+  a.param_out_dtype = dtype;
+  return a;
+}
+
+}  // namespace
+
+// ---- HostShardUpdate ---------------------------------------------------------------
+
+Result<std::unique_ptr<HostShardUpdate>> HostShardUpdate::Create(const ShardUpdateContext& ctx,
+                                                                 const OffloadConfig& offload_optimizer) {
+  std::unique_ptr<HostShardUpdate> u(new HostShardUpdate(ctx, offload_optimizer));
+  const ModelState& st = *ctx.state;
+  const uint64_t numel = st.MaxOffloadedNumel();
+  if (numel > 0) {
+    HostTier* ht = ctx.store->host_tier();
+    if (st.OffloadedGradsOnGpu()) {
+      ASSIGN_OR_RETURN(u->grad_staging_,
+                       ht->Allocate(numel * DTypeSize(st.layout().grad_dtype), "gradient staging"));
+    }
+    if (st.OffloadedParamsOnGpu())
+      for (TierBlock& b : u->param_staging_) {
+        ASSIGN_OR_RETURN(b, ht->Allocate(numel * DTypeSize(st.layout().dtype), "parameter staging"));
+      }
+  }
+  return u;
+}
+
+void HostShardUpdate::ReadAhead(size_t s, const OptJob&) {
+  const Shard& sh = ctx_.state->shard(s);
+  if (!offload_.pipeline_read || sh.opt_home != TierKind::kNvme) return;
+  for (TensorId id : {sh.w, sh.m, sh.v}) (void)ctx_.store->Prefetch(id, TierKind::kHost);
+}
+
+// Everything of this shard is on the GPU (or its stand-in): the fused GPU
+// Adam on the compute stream, waited for.
+Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, const ShardHow& how) {
+  TierStore* store = ctx_.store;
+  const ModelState::Layout& lay = ctx_.state->layout();
+  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kGpu, Access::kReadWrite));
+  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kGpu, Access::kReadWrite));
+  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kGpu, Access::kReadWrite));
+  ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
+  ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
+  const optim::AdamShard a = AdamView(static_cast<uint64_t>(sh.numel), static_cast<float*>(w.data), m.data, v.data,
+                                      g.data, lay.grad_dtype, p.data, lay.dtype);
+  void* s = nullptr;
+  if (ctx_.cuda()) {
+    s = ctx_.backend->native_stream();
+    RETURN_IF_ERROR(optim::GpuAdamStep(a, j.hyper, how.multiplier, s));
+    RETURN_IF_ERROR(ctx_.backend->Synchronize());
+  } else {
+    RETURN_IF_ERROR(ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status());
+  }
+  RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, s));
+  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kGpu, true, s));
+  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kGpu, true, s));
+  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kGpu, true, s));
+  RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, true, s));
+  return CopyTicket{};
+}
+
+Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const ShardHow& how, const CopyTicket&) {
+  Shard& sh = ctx_.state->shard(s);
+  TierStore* store = ctx_.store;
+  const ModelState::Layout& lay = ctx_.state->layout();
+  const uint64_t n = static_cast<uint64_t>(sh.numel);
+  if (how.speculative && sh.opt_home != TierKind::kHost)
+    return Internal("a speculative update of " + sh.name + ", whose optimizer state is not on the host");
+  if (sh.opt_home == TierKind::kGpu) return UpdateOnGpu(sh, j, how);
+
+  // Host optimizer (state on the host or streamed from NVMe through it).
+  const void* grad = nullptr;
+  bool grad_acquired = false;
+  if (sh.g_home == TierKind::kGpu) {
+    // Gradients accumulated on the GPU come down through the staging buffer.
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
+    auto t = ctx_.copies->Copy(j.step, CopyDirection::kDeviceToHost, grad_staging_.data(), g.data,
+                               n * DTypeSize(lay.grad_dtype));
+    Status cs = t.ok() ? t->Wait() : t.status();
+    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
+    RETURN_IF_ERROR(cs);
+    grad = grad_staging_.data();
+  } else {
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kHost, Access::kRead));
+    grad = g.data;
+    grad_acquired = true;
+  }
+  const bool spec = how.speculative;
+  const Access state_access = spec ? Access::kRead : Access::kReadWrite;
+  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
+  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kHost, state_access));
+  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kHost, state_access));
+  TensorView w2, m2, v2;  // speculative: where the new state goes
+  if (spec) {
+    ASSIGN_OR_RETURN(w2, store->Acquire(sh.w2, TierKind::kHost, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(m2, store->Acquire(sh.m2, TierKind::kHost, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(v2, store->Acquire(sh.v2, TierKind::kHost, Access::kWriteDiscard));
+  }
+  void* pout = nullptr;
+  const bool p_on_host = sh.p_home != TierKind::kGpu;
+  if (p_on_host) {
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kHost, Access::kWriteDiscard));
+    pout = p.data;
+  } else {
+    // The slot's previous upload (two shards ago) has landed.
+    RETURN_IF_ERROR(param_upload_[param_slot_].Wait());
+    pout = param_staging_[param_slot_].data();
+  }
+  optim::AdamShard a = AdamView(n, static_cast<float*>(w.data), m.data, v.data, grad, lay.grad_dtype, pout, lay.dtype);
+  if (spec) {
+    a.master_out = static_cast<float*>(w2.data);
+    a.exp_avg_out = m2.data;
+    a.exp_avg_sq_out = v2.data;
+  }
+  auto r = ctx_.adam->Step(a, j.hyper, {how.multiplier, false});
+  if (grad_acquired) RETURN_IF_ERROR(store->Release(sh.g, TierKind::kHost, false));
+  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, !spec && r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, !spec && r.ok()));
+  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, !spec && r.ok()));
+  if (spec) {
+    RETURN_IF_ERROR(store->Release(sh.w2, TierKind::kHost, r.ok()));
+    RETURN_IF_ERROR(store->Release(sh.m2, TierKind::kHost, r.ok()));
+    RETURN_IF_ERROR(store->Release(sh.v2, TierKind::kHost, r.ok()));
+  }
+  if (p_on_host) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kHost, r.ok()));
+  RETURN_IF_ERROR(r.status());
+  if (sh.opt_home == TierKind::kNvme) {
+    // Write-behind: the state goes home while the next shard updates (or
+    // before it, without pipeline_write). A failed write keeps the data in
+    // host memory and surfaces at the next call on the tensor.
+    for (TensorId id : {sh.w, sh.m, sh.v}) {
+      ASSIGN_OR_RETURN(Ticket t, store->Evict(id, TierKind::kHost));
+      if (!offload_.pipeline_write) RETURN_IF_ERROR(t.Wait());
+    }
+  }
+  if (p_on_host) {
+    if (sh.p_home == TierKind::kNvme) RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
+    return CopyTicket{};
+  }
+  // Upload the new parameters into their GPU home, without waiting: the next
+  // shard's update runs meanwhile, the forward's stream waits for the upload
+  // on the GPU, and the store orders any later use of the memory after it
+  // (Release on the copy stream).
+  CopyEngine* ce = store->copy_engine();
+  ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
+  auto t = ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, p.data, pout, n * DTypeSize(lay.dtype));
+  Status cs = t.status();
+  void* cstream = ctx_.cuda() ? ce->stream(CopyDirection::kHostToDevice) : nullptr;
+  if (cs.ok() && !ctx_.cuda()) cs = t->Wait();  // the stand-in has no stream to order on
+  RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, cs.ok(), cs.ok() ? cstream : nullptr));
+  RETURN_IF_ERROR(cs);
+  param_upload_[param_slot_] = *t;
+  param_slot_ ^= 1;
+  return *t;
+}
+
+// ---- AssistShardUpdate ----------------------------------------------------------
+
+std::string AssistShardUpdate::Ineligible(const ModelState& state) {
+  for (const Shard& sh : state.shards())
+    if (sh.opt_home != TierKind::kGpu && (sh.opt_home != TierKind::kHost || sh.p_home != TierKind::kGpu))
+      return "it needs the optimizer state on the host and the parameters resident on the GPU";
+  if (state.MaxOffloadedNumel() == 0) return "every shard's optimizer state is on the GPU";
+  return "";
+}
+
+Result<std::unique_ptr<AssistShardUpdate>> AssistShardUpdate::Create(const ShardUpdateContext& ctx,
+                                                                     uint64_t chunk_params, uint64_t keep_free,
+                                                                     std::string* why) {
+  std::unique_ptr<AssistShardUpdate> u(new AssistShardUpdate(ctx));
+  GpuTier* gt = ctx.store->gpu_tier();
+  u->chunk_ = std::min<uint64_t>(4ull << 20, ctx.state->MaxOffloadedNumel());
+  if (chunk_params) u->chunk_ = std::min<uint64_t>(chunk_params, u->chunk_);
+  const uint64_t per = u->chunk_ * (12 + DTypeSize(ctx.state->layout().grad_dtype));
+  const TierUsage use = gt->usage();
+  const uint64_t need = 3 * AlignUp(per, gt->alignment()) + keep_free;
+  if (use.budget < use.used + need) {
+    *why = FormatBytes(3 * per) + " of chunk buffers do not fit in the GPU budget";
+    return std::unique_ptr<AssistShardUpdate>{};
+  }
+  for (Slot& sl : u->slots_) {
+    ASSIGN_OR_RETURN(sl.buf, gt->Allocate(per, "gpu-assisted optimizer chunk"));
+  }
+  return u;
+}
+
+Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const ShardHow& how,
+                                             const CopyTicket& last_upload) {
+  Shard& sh = ctx_.state->shard(si);
+  TierStore* store = ctx_.store;
+  const ModelState::Layout& lay = ctx_.state->layout();
+  const uint64_t n = static_cast<uint64_t>(sh.numel);
+  CopyEngine* ce = store->copy_engine();
+  void* s = ctx_.cuda() ? ce->stream(CopyDirection::kDeviceToHost) : nullptr;
+  const uint64_t gs = DTypeSize(lay.grad_dtype), ps = DTypeSize(lay.dtype);
+  const bool host_grad = sh.g_home != TierKind::kGpu;
+  const TierKind gtier = host_grad ? TierKind::kHost : TierKind::kGpu;
+  const bool spec = how.speculative;
+  // The pins taken, each released at the end whatever failed (`out`: written
+  // by the update, dirty if it succeeded).
+  struct Pin {
+    TensorId id;
+    TierKind tier;
+    bool out;
+  };
+  std::vector<Pin> pins;
+  Status st;
+  auto pin = [&](TensorId id, TierKind tier, Access access, bool out) -> char* {
+    if (!st.ok()) return nullptr;
+    Result<TensorView> r = store->Acquire(id, tier, access);
+    if (!r.ok()) {
+      st = r.status();
+      return nullptr;
+    }
+    pins.push_back({id, tier, out});
+    return static_cast<char*>(r->data);
+  };
+  // A miss has this worker redo a shard the CPU worker may have speculated
+  // on: the new parameters are written on this stream only after that upload
+  // of the speculated ones (almost always landed long ago).
+  st = last_upload.StreamWait(s);  // (the stand-in: waits)
+  const Access state_access = spec ? Access::kRead : Access::kReadWrite;
+  const char* g = pin(sh.g, gtier, Access::kRead, false);
+  char* hw = pin(sh.w, TierKind::kHost, state_access, !spec);
+  char* hm = pin(sh.m, TierKind::kHost, state_access, !spec);
+  char* hv = pin(sh.v, TierKind::kHost, state_access, !spec);
+  char* ow = spec ? pin(sh.w2, TierKind::kHost, Access::kWriteDiscard, true) : hw;
+  char* om = spec ? pin(sh.m2, TierKind::kHost, Access::kWriteDiscard, true) : hm;
+  char* ov = spec ? pin(sh.v2, TierKind::kHost, Access::kWriteDiscard, true) : hv;
+  char* p = pin(sh.p, TierKind::kGpu, Access::kWriteDiscard, true);
+  for (uint64_t off = 0; off < n && st.ok(); off += chunk_) {
+    const uint64_t c = std::min(chunk_, n - off);
+    Slot& sl = slots_[next_];
+    next_ = (next_ + 1) % 3;
+    for (const CopyTicket& t : sl.down)
+      if (st.ok()) st = t.Wait();  // the buffer's last chunk is home
+    sl.down.clear();
+    if (!st.ok()) break;
+    float* dw = static_cast<float*>(sl.buf.data());
+    float* dm = dw + chunk_;
+    float* dv = dm + chunk_;
+    char* dg = reinterpret_cast<char*>(dv + chunk_);
+    std::vector<CopyTicket> up;
+    auto h2d = [&](void* dst, const void* src, uint64_t bytes) {
+      if (!st.ok()) return;
+      auto t = ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, dst, src, bytes);
+      if (t.ok()) up.push_back(*t);
+      else st = t.status();
+    };
+    h2d(dw, hw + off * 4, c * 4);
+    h2d(dm, hm + off * 4, c * 4);
+    h2d(dv, hv + off * 4, c * 4);
+    if (host_grad) h2d(dg, g + off * gs, c * gs);
+    const optim::AdamShard a = AdamView(c, dw, dm, dv, host_grad ? static_cast<const void*>(dg) : g + off * gs,
+                                        lay.grad_dtype, p + off * ps, lay.dtype);
+    if (ctx_.cuda()) {
+      for (const CopyTicket& t : up)
+        if (st.ok()) st = t.StreamWait(s);
+      if (st.ok()) st = optim::GpuAdamStep(a, j.hyper, how.multiplier, s);
+    } else {
+      for (const CopyTicket& t : up)
+        if (st.ok()) st = t.Wait();
+      if (st.ok()) st = ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status();
+    }
+    CopyAfter after;
+    after.stream = s;
+    auto d2h = [&](void* dst, const void* src, uint64_t bytes) {
+      if (!st.ok()) return;
+      auto t = ctx_.copies->Copy(j.step, CopyDirection::kDeviceToHost, dst, src, bytes, after);
+      if (t.ok()) sl.down.push_back(*t);
+      else st = t.status();
+    };
+    d2h(ow + off * 4, dw, c * 4);
+    d2h(om + off * 4, dm, c * 4);
+    d2h(ov + off * 4, dv, c * 4);
+  }
+  // The shard's state is home (each download follows its chunk's update, so
+  // the parameters are written too) before anyone else may touch it.
+  for (Slot& sl : slots_) {
+    for (const CopyTicket& t : sl.down) {
+      Status ws = t.Wait();
+      if (st.ok()) st = ws;
+    }
+    sl.down.clear();
+  }
+  // Every pin is released whatever failed; the first error is reported.
+  const bool written = st.ok();
+  for (const Pin& pn : pins) {
+    Status r = store->Release(pn.id, pn.tier, pn.out && written, nullptr);
+    if (st.ok()) st = r;
+  }
+  RETURN_IF_ERROR(st);
+  return CopyTicket{};
+}
+
+}  // namespace strata

@@ -1,0 +1,167 @@
+#include "engine/step_env.h"
+
+#include "base/clock.h"
+#include "models/passes.h"
+
+namespace strata {
+
+using models::GradTarget;
+using models::MicroBatches;
+using models::PassTensor;
+using models::UnitKind;
+
+Result<void*> PrefetchedAccess::Acquire(TensorId id, Access access) {
+  ASSIGN_OR_RETURN(TensorView v, pf_->Acquire(id, access));
+  return v.data;
+}
+
+Status PrefetchedAccess::Release(TensorId id, bool dirty) { return pf_->Release(id, dirty, stream_); }
+
+Status RunStepPasses(const models::ModelProgram& model, models::PassEnv& env, const StepShape& shape,
+                     const StepHooks& hooks) {
+  const int64_t A = shape.micro_batches, per = shape.layer_major ? A : 1;
+  for (int64_t a0 = 0; a0 < A; a0 += per) {
+    const MicroBatches mb{a0, a0 + per, a0 + per >= A};
+    if (hooks.around_forward) RETURN_IF_ERROR(hooks.around_forward(false));
+    RETURN_IF_ERROR(models::Forward(model, env, mb));
+    if (hooks.around_forward) RETURN_IF_ERROR(hooks.around_forward(true));
+    if (mb.last && hooks.before_last_backward) RETURN_IF_ERROR(hooks.before_last_backward());
+    RETURN_IF_ERROR(models::Backward(model, env, mb));
+  }
+  return Status::OK();
+}
+
+StepEnv::StepEnv(ModelState* state, StepBuffers* buffers, kernels::Backend* backend, StepAccess* access,
+                 const StepShape& shape, Hooks hooks, Options options)
+    : state_(state),
+      buffers_(buffers),
+      backend_(backend),
+      access_(access),
+      shape_(shape),
+      hooks_(std::move(hooks)),
+      options_(std::move(options)),
+      params_used_(state->size(), 0) {}
+
+void StepEnv::BeginStep(float dloss, int64_t step) {
+  dloss_ = dloss;
+  step_ = step;
+  wait_s_ = 0;
+  std::fill(params_used_.begin(), params_used_.end(), 0);
+}
+
+TensorId StepEnv::IdOf(const PassTensor& t) const {
+  if (t.role == PassTensor::kParams) return state_->shard(static_cast<size_t>(t.unit)).p;
+  return state_->checkpoint(t.layer, t.micro);
+}
+
+Result<void*> StepEnv::Acquire(const PassTensor& t, Access access) {
+  if (t.role == PassTensor::kParams && !params_used_[static_cast<size_t>(t.unit)]) {
+    params_used_[static_cast<size_t>(t.unit)] = 1;
+    if (computes()) RETURN_IF_ERROR(hooks_.before_params(static_cast<size_t>(t.unit), &wait_s_));
+  }
+  const double t0 = NowSeconds();
+  Result<void*> r = access_->Acquire(IdOf(t), access);
+  wait_s_ += NowSeconds() - t0;
+  return r;
+}
+
+Status StepEnv::Release(const PassTensor& t, bool dirty) { return access_->Release(IdOf(t), dirty); }
+
+void* StepEnv::ScratchAccumulator(int unit) const {
+  switch (state_->shard(static_cast<size_t>(unit)).kind) {
+    case UnitKind::kEmbedding: return buffers_->embedding_acc.data();
+    case UnitKind::kFinal: return buffers_->final_acc.data();
+    case UnitKind::kBlock: break;
+  }
+  return buffers_->block_acc.data();
+}
+
+// The embedding's and the final unit's gradients collect over the whole
+// step (the head's micro-batches, then the embedding's backward): zeroed by
+// the first pass, always added to. A block's over the micro-batches of a
+// pass, or, micro-batch-major, of every pass in its persistent accumulator.
+Result<GradTarget> StepEnv::BeginGrads(int unit, const MicroBatches& mb) {
+  const Shard& sh = state_->shard(static_cast<size_t>(unit));
+  const Access mode = mb.first == 0 ? Access::kWriteDiscard : Access::kReadWrite;
+  void* acc = nullptr;
+  if (sh.kind != UnitKind::kBlock) {
+    if (f32()) {
+      ASSIGN_OR_RETURN(acc, access_->Acquire(sh.g, mode));
+    } else {
+      acc = ScratchAccumulator(unit);
+    }
+    // Written piecewise (wte by the head, wpe later, padding never): zeros first.
+    if (mb.first == 0 && computes())
+      RETURN_IF_ERROR(backend_->Memset(acc, 0, static_cast<size_t>(sh.numel) * 4));
+    return GradTarget{acc, DType::kF32, true};
+  }
+  if (accumulates_across()) {
+    ASSIGN_OR_RETURN(acc, access_->Acquire(f32() ? sh.g : sh.gacc, mode));
+  } else if (f32()) {
+    ASSIGN_OR_RETURN(acc, access_->Acquire(sh.g, Access::kWriteDiscard));
+  } else {
+    acc = ScratchAccumulator(unit);
+  }
+  return GradTarget{acc, DType::kF32, mb.first > 0};
+}
+
+Status StepEnv::EndGrads(int unit, const MicroBatches& mb, const GradTarget& g) {
+  const Shard& sh = state_->shard(static_cast<size_t>(unit));
+  if (sh.kind != UnitKind::kBlock || !accumulates_across()) {
+    if (mb.last) return FinishGrad(unit, g.data, f32());
+    if (f32()) return access_->Release(sh.g, true);
+    return Status::OK();
+  }
+  if (!mb.last) return access_->Release(f32() ? sh.g : sh.gacc, true);
+  RETURN_IF_ERROR(FinishGrad(unit, g.data, f32()));
+  // The accumulator is rewritten from scratch by the next step's first
+  // micro-batch: it need not go home.
+  if (!f32()) return access_->Release(sh.gacc, false);
+  return Status::OK();
+}
+
+Status StepEnv::GradsDone(int unit, const MicroBatches& mb) {
+  if (!mb.last || !computes()) return Status::OK();
+  return hooks_.grad_final(static_cast<size_t>(unit));
+}
+
+// The gradient of unit u is complete in the fp32 accumulator `acc`: its
+// statistics, its rounding into the store's copy (`acquired`: acc is that
+// copy, pinned on the GPU in fp32 mode), and its release: a gradient with a
+// host home leaves for it at once (its next use overwrites the GPU copy).
+Status StepEnv::FinishGrad(int unit, void* acc, bool acquired) {
+  const size_t u = static_cast<size_t>(unit);
+  const Shard& sh = state_->shard(u);
+  if (computes()) {
+    if (!options_.inject_nonfinite_shard.empty() && sh.name == options_.inject_nonfinite_shard &&
+        step_ == options_.inject_nonfinite_step)
+      RETURN_IF_ERROR(backend_->Memset(acc, 0xff, 4));  // a NaN (tests)
+    RETURN_IF_ERROR(backend_->GradStats(acc, DType::kF32, sh.numel, buffers_->sumsq(), buffers_->nonfinite(u)));
+  }
+  if (!acquired) {
+    ASSIGN_OR_RETURN(void* g, access_->Acquire(sh.g, Access::kWriteDiscard));
+    if (computes()) RETURN_IF_ERROR(backend_->Cast(g, state_->layout().grad_dtype, acc, DType::kF32, sh.numel));
+  }
+  return access_->Release(sh.g, true);
+}
+
+const int32_t* StepEnv::tokens(int64_t micro) {
+  return buffers_->tokens.as<int32_t>() + micro * state_->layout().batch * state_->layout().seq;
+}
+const int32_t* StepEnv::targets(int64_t micro) {
+  return buffers_->targets.as<int32_t>() + micro * state_->layout().batch * state_->layout().seq;
+}
+float* StepEnv::losses(int64_t micro) {
+  return buffers_->losses.as<float>() + micro * state_->layout().batch * state_->layout().seq;
+}
+void* StepEnv::residual_grad(int64_t micro) {
+  return buffers_->dx[shape_.layer_major ? static_cast<size_t>(micro) : 0].data();
+}
+models::ScratchSpace StepEnv::block_scratch() {
+  return {buffers_->block_scratch.data(), static_cast<size_t>(buffers_->block_scratch.bytes())};
+}
+models::ScratchSpace StepEnv::head_scratch() {
+  return {buffers_->head_scratch.data(), static_cast<size_t>(buffers_->head_scratch.bytes())};
+}
+
+}  // namespace strata

@@ -1,0 +1,54 @@
+// TrainOptions: what a training run is asked to do beyond its config (the
+// `strata train` command line, and the knobs tests set).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "engine/config.h"
+
+namespace strata {
+
+class IoEnv;
+
+struct TrainOptions {
+  Config config = DefaultConfig();
+  std::string default_data;            // used when config.data.path is empty
+  int64_t steps = -1;                  // -1: config.trainer.steps
+  std::string save_dir;                // checkpoints written under it ("" = none)
+  int64_t save_every = 0;              // steps between checkpoints (0: only at the end)
+  std::string resume_dir;              // a checkpoint (or a --save dir: its latest)
+  std::string init_from;               // HF GPT-2 weights (safetensors) to start from
+  std::string init_prefix;             // prefix of the tensor names in init_from ("" for HF files)
+  uint64_t gpu_memory_limit = 0;       // 0: the card's free memory (stand-in: 4 GiB)
+  uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
+  std::string backend = "auto";        // auto | cpu | cuda
+  std::string log_json;                // JSON lines, one per logged step
+  bool progress = false;               // a progress line on a terminal
+  int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
+  IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
+  uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
+  bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one
+  // Update the optimizer state after the backward even when it could run
+  // during it (no clipping, no dynamic loss scale): the mode of a run with
+  // gradient clipping. Both give the same bits; the post-backward mode adds
+  // the update's time after the backward, but a step that meets a non-finite
+  // gradient (bf16/fp32: an error) then leaves the state untouched, where
+  // during the backward the shards taken before it may already be updated
+  // (the error says so; the last checkpoint is the one to resume from).
+  bool optimizer_after_backward = false;
+  // With gradient clipping, update during the backward on speculation
+  // (trainer.h's header comment) when the plan has host room for the second
+  // set; false: after the backward, as without room. Same bits either way.
+  bool speculative_update = true;
+  // Tests: speculate at every step, the first and those after a clipped one
+  // included (so that misses happen).
+  bool speculate_every_step = false;
+  // Tests: a NaN is put into shard `inject_nonfinite_shard`'s gradient
+  // ("emb", "blk<l>", "lnf") as it is finished in optimizer step
+  // `inject_nonfinite_step` (1-based).
+  std::string inject_nonfinite_shard;
+  int64_t inject_nonfinite_step = 0;
+};
+
+}  // namespace strata
