@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <climits>
 #include <cstdlib>
 #include <cmath>
 #include <fstream>
 #include <functional>
 #include <set>
 #include <sstream>
+#include <variant>
 
 namespace strata {
 
@@ -284,62 +286,59 @@ Status ParseOptimizer(Obj o, OptimizerConfig* c) {
   return o.Finish({});
 }
 
-struct SchedSpec {
-  const char* type;
-  std::vector<std::string> params;
-  std::vector<std::string> required;
-};
+// The scheduler, checked against optim's table of DeepSpeed's types.
 
-const std::vector<SchedSpec>& SchedSpecs() {
-  static const std::vector<SchedSpec> specs = {
-      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {}},
-      {"WarmupDecayLR",
-       {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps", "last_batch_iteration"},
-       {"total_num_steps"}},
-      {"WarmupCosineLR",
-       {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"},
-       {"total_num_steps"}},
-      {"OneCycle",
-       {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
-        "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom",
-        "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
-       {"cycle_min_lr", "cycle_max_lr"}},
-  };
-  return specs;
+optim::LrParamValue ToLrParam(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_unsigned() && v.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) return v.get<uint64_t>();
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return v.get<double>();
+}
+
+json FromLrParam(const optim::LrParamValue& v) {
+  return std::visit([](const auto& x) { return json(x); }, v);
 }
 
 Status ParseScheduler(Obj o, SchedulerConfig* c) {
   if (o.raw().empty()) return Status::OK();
   std::vector<std::string> types;
-  for (const auto& s : SchedSpecs()) types.push_back(s.type);
-  if (!o.Has("type")) return o.Error("type", "missing (allowed: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
-  if (const json* t = o.raw().contains("type") ? &o.raw()["type"] : nullptr;
-      t && t->is_string() && t->get<std::string>() == "LRRangeTest") {
+  std::string list;
+  for (const optim::LrScheduleSpec& s : optim::LrScheduleSpecs()) {
+    types.emplace_back(s.name);
+    list += (list.empty() ? "" : ", ") + types.back();
+  }
+  if (!o.Has("type")) return o.Error("type", "missing (allowed: " + list + ")");
+  if (const json& t = o.raw()["type"]; t.is_string() && t.get<std::string>() == "LRRangeTest") {
     (void)o.Take("type");
-    return o.Error("type", "\"LRRangeTest\" is not implemented by strata (allowed: WarmupLR, WarmupDecayLR, "
-                           "WarmupCosineLR, OneCycle)");
+    return o.Error("type", "\"LRRangeTest\" is not implemented by strata (allowed: " + list + ")");
   }
   RETURN_IF_ERROR(o.Choice("type", &c->type, types));
-  const SchedSpec* spec = nullptr;
-  for (const auto& s : SchedSpecs())
-    if (c->type == s.type) spec = &s;
+  const optim::LrScheduleSpec* spec = optim::FindLrScheduleSpec(c->type);
   ASSIGN_OR_RETURN(Obj p, o.Child("params"));
-  for (const auto& name : spec->params) {
+  for (const optim::LrParamSpec& param : spec->params) {
+    const std::string name(param.name);
     const json* v = p.Take(name);
     if (!v) continue;
     if (Obj::IsAuto(*v)) return p.AutoError(name);
-    if (name == "warmup_type") {
-      if (!v->is_string() || (v->get<std::string>() != "log" && v->get<std::string>() != "linear"))
-        return p.Error(name, Show(*v) + " is not allowed (allowed: \"log\", \"linear\")");
-    } else if (name == "cycle_momentum") {
-      if (!v->is_boolean()) return p.Error(name, Show(*v) + " is not allowed (allowed: true, false)");
-    } else if (!v->is_number()) {
-      return p.Error(name, Show(*v) + " is not a number");
+    switch (param.kind) {
+      case optim::LrParamKind::kWarmupType:
+        if (!v->is_string() || !optim::ParseWarmupType(v->get<std::string>()).ok())
+          return p.Error(name, Show(*v) + " is not allowed (allowed: \"log\", \"linear\")");
+        break;
+      case optim::LrParamKind::kBool:
+        if (!v->is_boolean()) return p.Error(name, Show(*v) + " is not allowed (allowed: true, false)");
+        break;
+      case optim::LrParamKind::kNumber:
+      case optim::LrParamKind::kSteps:
+        if (!v->is_number()) return p.Error(name, Show(*v) + " is not a number");
+        break;
     }
-    c->params[name] = *v;
+    c->params[name] = ToLrParam(*v);
   }
-  for (const auto& r : spec->required)
-    if (!c->params.count(r)) return p.Error(r, "required for scheduler " + c->type);
+  for (const optim::LrParamSpec& param : spec->params)
+    if (param.need == optim::LrParamNeed::kRequired && !c->params.count(param.name))
+      return p.Error(std::string(param.name), "required for scheduler " + c->type);
   RETURN_IF_ERROR(p.Finish({}));
   return o.Finish({});
 }
@@ -728,7 +727,7 @@ nlohmann::json ConfigToJson(const Config& c) {
   json sched = json::object();
   if (!c.scheduler.type.empty()) {
     json params = json::object();
-    for (const auto& [k, v] : c.scheduler.params) params[k] = v;
+    for (const auto& [k, v] : c.scheduler.params) params[k] = FromLrParam(v);
     sched = {{"type", c.scheduler.type}, {"params", params}};
   }
   json j = {

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "optim/lr_schedule_spec.h"
 
 namespace strata {
 
@@ -48,8 +49,8 @@ struct OptimizerConfig {
 };
 
 struct SchedulerConfig {
-  std::string type;               // "" = constant lr; WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle
-  std::map<std::string, nlohmann::json> params;  // validated names for `type`
+  std::string type;               // "" = constant lr; else a type of optim::LrScheduleSpecs()
+  optim::LrParamValues params;    // the type's parameters given (optim/lr_schedule_spec.h)
 };
 
 struct OffloadConfig {

@@ -56,7 +56,7 @@ TEST(Config, ReadsARealZero3OffloadConfig) {
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
   EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
-  EXPECT_EQ(c.scheduler.params.at("total_num_steps"), 1000);
+  EXPECT_EQ(c.scheduler.params.at("total_num_steps"), optim::LrParamValue(int64_t{1000}));
   EXPECT_EQ(c.zero.offload_optimizer.device, "nvme");
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
   EXPECT_TRUE(c.zero.offload_optimizer.pipeline_read);
@@ -228,7 +228,7 @@ TEST(Config, JsonRoundTrip) {
   EXPECT_EQ(ConfigToJson(b), j);
   EXPECT_EQ(b.grad_accum, 8);
   EXPECT_FALSE(b.optimizer.adam_w_mode);
-  EXPECT_EQ(b.scheduler.params.at("warmup_type"), "linear");
+  EXPECT_EQ(b.scheduler.params.at("warmup_type"), optim::LrParamValue(std::string("linear")));
   EXPECT_EQ(b.zero.offload_optimizer.nvme_path, "/x");
 }
 
