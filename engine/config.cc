@@ -546,10 +546,10 @@ Result<Config> ParseConfig(const json& j, const std::string& source, int world_s
   Ctx ctx{source, warnings};
   if (!j.is_object()) return InvalidArgument(source + ": the config is not a JSON object");
   if (world_size < 1) return InvalidArgument("world size " + std::to_string(world_size) + " is not positive");
-  Config c = DefaultConfig();
+  Config c;  // every key left out keeps its default
   c.source = source;
   c.world_size = world_size;
-  c.train_batch_size = c.micro_batch = c.grad_accum = 0;
+  c.train_batch_size = c.micro_batch = c.grad_accum = 0;  // 0: not given (the batch rule below)
   Obj o(j, "", &ctx);
 
   RETURN_IF_ERROR(o.Int("train_batch_size", &c.train_batch_size, 1, kBig, true));
@@ -583,9 +583,9 @@ Result<Config> ParseConfig(const json& j, const std::string& source, int world_s
       if (tb % w) return rule("train_batch_size is not divisible by the world size");
       mb = tb / w;
     } else {
-      Config d = DefaultConfig();
-      mb = d.micro_batch;
-      if (!ga) ga = d.grad_accum;
+      const Config defaults;
+      mb = defaults.micro_batch;
+      if (!ga) ga = defaults.grad_accum;
       tb = mb * ga * w;
     }
   }
@@ -803,21 +803,9 @@ nlohmann::json ConfigToJson(const Config& c) {
 }
 
 Config DefaultConfig() {
+  // The demo is the defaults; only its name in messages differs.
   Config c;
   c.source = "(built-in default)";
-  c.micro_batch = 8;
-  c.grad_accum = 1;
-  c.train_batch_size = 8;
-  c.optimizer.type = "AdamW";
-  c.optimizer.lr = 1e-3;
-  c.optimizer.beta1 = 0.9;
-  c.optimizer.beta2 = 0.95;
-  c.optimizer.eps = 1e-8;
-  c.optimizer.weight_decay = 0.1;
-  c.gradient_clipping = 1.0;
-  c.steps_per_print = 5;
-  c.model = ModelConfig{};
-  c.data.path = "";  // the trainer resolves the bundled corpus
   return c;
 }
 

@@ -234,3 +234,46 @@ TEST(Config, JsonRoundTrip) {
 
 }  // namespace
 }  // namespace strata
+
+namespace strata {
+namespace {
+
+// DefaultConfig() is the struct defaults under its own name, and so is an
+// empty config file: neither has a copy of the defaults of its own.
+TEST(Config, DefaultConfigIsTheStructDefaults) {
+  Config d = DefaultConfig();
+  EXPECT_EQ(d.source, "(built-in default)");  // the one deliberate difference
+  d.source = Config{}.source;
+  EXPECT_TRUE(d == Config{});
+  EXPECT_EQ(ConfigToJson(DefaultConfig()), ConfigToJson(Config{}));
+  ASSERT_OK_AND_ASSIGN(Config e, Parse("{}"));
+  EXPECT_EQ(e.source, "ds.json");
+  e.source = Config{}.source;
+  EXPECT_TRUE(e == Config{});
+}
+
+// The defaults that are not DeepSpeed's, as they are (config.h says why).
+TEST(Config, DefaultsThatAreNotDeepSpeeds) {
+  const Config c;
+  EXPECT_EQ(c.micro_batch, 8);  // DeepSpeed requires a batch size
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.optimizer.beta2, 0.95);  // DeepSpeed: 0.999
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);  // DeepSpeed: 0
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // DeepSpeed: 0
+  EXPECT_EQ(c.steps_per_print, 5);  // DeepSpeed: 10
+}
+
+// configs/default.json writes out the built-in demo (with the corpus's path).
+TEST(Config, DefaultJsonIsTheBuiltInDemo) {
+  ASSERT_OK_AND_ASSIGN(Config c, LoadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/default.json", 1, nullptr));
+  EXPECT_EQ(c.data.path, "data/kjv.txt");
+  Config d = DefaultConfig();
+  d.source = c.source;
+  d.data.path = c.data.path;
+  EXPECT_EQ(ConfigToJson(c), ConfigToJson(d));
+  EXPECT_TRUE(c == d);
+}
+
+}  // namespace
+}  // namespace strata
