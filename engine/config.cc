@@ -7,8 +7,13 @@
 #include <cmath>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <set>
 #include <sstream>
+#include <type_traits>
+#include <utility>
+#include <variant>
 
 namespace strata {
 
@@ -235,137 +240,6 @@ class Obj {
 
 constexpr double kBig = 1e15;
 
-Status ParseFp16(Obj o, Fp16Config* c) {
-  RETURN_IF_ERROR(o.Bool("enabled", &c->enabled));
-  RETURN_IF_ERROR(o.Double("loss_scale", &c->loss_scale, 0, 1e30));
-  RETURN_IF_ERROR(o.Int("initial_scale_power", &c->initial_scale_power, 0, 64));
-  RETURN_IF_ERROR(o.Int("loss_scale_window", &c->loss_scale_window, 1, 1e9));
-  RETURN_IF_ERROR(o.Int("hysteresis", &c->hysteresis, 1, 1e6));
-  RETURN_IF_ERROR(o.Bool("consecutive_hysteresis", &c->consecutive_hysteresis));
-  RETURN_IF_ERROR(o.Double("min_loss_scale", &c->min_loss_scale, 0, 1e30, true));
-  return o.Finish({
-      {"auto_cast", Policy::kErrorIfEnabled, "casting inputs to fp16 changes the computation"},
-      {"fp16_master_weights_and_grads", Policy::kErrorIfEnabled,
-       "strata keeps fp32 master weights; fp16 masters change the optimizer's arithmetic"},
-  });
-}
-
-Status ParseOptimizer(Obj o, OptimizerConfig* c) {
-  RETURN_IF_ERROR(o.Choice("type", &c->type, {"Adam", "AdamW"}));
-  if (!o.Has("type") && !o.raw().empty())
-    return o.Error("type", "missing (allowed: Adam, AdamW)");
-  if (c->type == "AdamW") c->adam_w_mode = true;
-  ASSIGN_OR_RETURN(Obj p, o.Child("params"));
-  RETURN_IF_ERROR(p.Double("lr", &c->lr, 0, 10));
-  if (const json* b = p.Take("betas")) {
-    if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
-      return p.Error("betas", Show(*b) + " is not allowed (allowed: [beta1, beta2], each in [0, 1))");
-    c->beta1 = (*b)[0].get<double>();
-    c->beta2 = (*b)[1].get<double>();
-    if (c->beta1 < 0 || c->beta1 >= 1 || c->beta2 < 0 || c->beta2 >= 1)
-      return p.Error("betas", Show(*b) + " is out of range (each beta in [0, 1))");
-  }
-  RETURN_IF_ERROR(p.Double("eps", &c->eps, 0, 1, true));
-  RETURN_IF_ERROR(p.Double("weight_decay", &c->weight_decay, 0, 10));
-  bool mode = c->adam_w_mode;
-  RETURN_IF_ERROR(p.Bool("adam_w_mode", &mode));
-  if (c->type == "AdamW" && !mode)
-    return p.Error("adam_w_mode", "false contradicts optimizer type AdamW (decoupled weight decay); use type Adam");
-  c->adam_w_mode = mode;
-  RETURN_IF_ERROR(p.Bool("bias_correction", &c->bias_correction));
-  RETURN_IF_ERROR(p.Finish({
-      {"amsgrad", Policy::kErrorIfEnabled, "AMSGrad keeps a running max of v and updates differently"},
-      {"torch_adam", Policy::kWarn, "strata's CPU/GPU Adam computes the same update"},
-      {"fused", Policy::kWarn, "strata's Adam is always fused"},
-      {"foreach", Policy::kWarn, "strata's Adam is always fused"},
-      {"capturable", Policy::kWarn, "no effect in strata"},
-      {"maximize", Policy::kErrorIfEnabled, "maximizing flips the update's sign"},
-  }));
-  return o.Finish({});
-}
-
-struct SchedSpec {
-  const char* type;
-  std::vector<std::string> params;
-  std::vector<std::string> required;
-};
-
-const std::vector<SchedSpec>& SchedSpecs() {
-  static const std::vector<SchedSpec> specs = {
-      {"WarmupLR", {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "last_batch_iteration"}, {}},
-      {"WarmupDecayLR",
-       {"warmup_min_lr", "warmup_max_lr", "warmup_num_steps", "warmup_type", "total_num_steps", "last_batch_iteration"},
-       {"total_num_steps"}},
-      {"WarmupCosineLR",
-       {"total_num_steps", "warmup_min_ratio", "warmup_num_steps", "cos_min_ratio", "warmup_type", "last_batch_iteration"},
-       {"total_num_steps"}},
-      {"OneCycle",
-       {"cycle_min_lr", "cycle_max_lr", "decay_lr_rate", "cycle_first_step_size", "cycle_second_step_size",
-        "cycle_first_stair_count", "cycle_second_stair_count", "decay_step_size", "cycle_momentum", "cycle_min_mom",
-        "cycle_max_mom", "decay_mom_rate", "last_batch_iteration"},
-       {"cycle_min_lr", "cycle_max_lr"}},
-  };
-  return specs;
-}
-
-Status ParseScheduler(Obj o, SchedulerConfig* c) {
-  if (o.raw().empty()) return Status::OK();
-  std::vector<std::string> types;
-  for (const auto& s : SchedSpecs()) types.push_back(s.type);
-  if (!o.Has("type")) return o.Error("type", "missing (allowed: WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle)");
-  if (const json* t = o.raw().contains("type") ? &o.raw()["type"] : nullptr;
-      t && t->is_string() && t->get<std::string>() == "LRRangeTest") {
-    (void)o.Take("type");
-    return o.Error("type", "\"LRRangeTest\" is not implemented by strata (allowed: WarmupLR, WarmupDecayLR, "
-                           "WarmupCosineLR, OneCycle)");
-  }
-  RETURN_IF_ERROR(o.Choice("type", &c->type, types));
-  const SchedSpec* spec = nullptr;
-  for (const auto& s : SchedSpecs())
-    if (c->type == s.type) spec = &s;
-  ASSIGN_OR_RETURN(Obj p, o.Child("params"));
-  for (const auto& name : spec->params) {
-    const json* v = p.Take(name);
-    if (!v) continue;
-    if (Obj::IsAuto(*v)) return p.AutoError(name);
-    if (name == "warmup_type") {
-      if (!v->is_string() || (v->get<std::string>() != "log" && v->get<std::string>() != "linear"))
-        return p.Error(name, Show(*v) + " is not allowed (allowed: \"log\", \"linear\")");
-    } else if (name == "cycle_momentum") {
-      if (!v->is_boolean()) return p.Error(name, Show(*v) + " is not allowed (allowed: true, false)");
-    } else if (!v->is_number()) {
-      return p.Error(name, Show(*v) + " is not a number");
-    }
-    c->params[name] = *v;
-  }
-  for (const auto& r : spec->required)
-    if (!c->params.count(r)) return p.Error(r, "required for scheduler " + c->type);
-  RETURN_IF_ERROR(p.Finish({}));
-  return o.Finish({});
-}
-
-Status ParseOffload(Obj o, OffloadConfig* c, bool optimizer) {
-  RETURN_IF_ERROR(o.Choice("device", &c->device, {"none", "cpu", "nvme"}));
-  RETURN_IF_ERROR(o.String("nvme_path", &c->nvme_path));
-  RETURN_IF_ERROR(o.Bool("pin_memory", &c->pin_memory));
-  RETURN_IF_ERROR(o.Int("buffer_count", &c->buffer_count, 1, 1e6));
-  std::vector<Ignored> ignored = {{"fast_init", Policy::kWarn, "initialization speed only"}};
-  if (optimizer) {
-    RETURN_IF_ERROR(o.Bool("pipeline_read", &c->pipeline_read));
-    RETURN_IF_ERROR(o.Bool("pipeline_write", &c->pipeline_write));
-    bool pipeline = false;
-    RETURN_IF_ERROR(o.Bool("pipeline", &pipeline));  // legacy: both
-    if (pipeline) c->pipeline_read = c->pipeline_write = true;
-    RETURN_IF_ERROR(o.Double("ratio", &c->ratio, 0, 1));  // 0: all on the GPU (DeepSpeed: ge=0, le=1)
-  } else {
-    RETURN_IF_ERROR(o.Int("buffer_size", &c->buffer_size, 1, kBig, true));
-    RETURN_IF_ERROR(o.Int("max_in_cpu", &c->max_in_cpu, 0, kBig, true));
-  }
-  if (c->device == "nvme" && c->nvme_path.empty())
-    return o.Error("nvme_path", "required when device is \"nvme\" (a directory on the NVMe drive)");
-  return o.Finish(ignored);
-}
-
 // Reads `name` and its `stage3_` spelling; both present and different is an error.
 template <typename T>
 Status Stage3Int(Obj& o, const std::string& name, T* out, double lo, double hi) {
@@ -379,13 +253,399 @@ Status Stage3Int(Obj& o, const std::string& name, T* out, double lo, double hi) 
   return Status::OK();
 }
 
-Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
-  RETURN_IF_ERROR(o.Int("stage", &c->stage, 0, 3));
-  ASSIGN_OR_RETURN(Obj op, o.Child("offload_param"));
-  RETURN_IF_ERROR(ParseOffload(op, &c->offload_param, false));
-  ASSIGN_OR_RETURN(Obj oo, o.Child("offload_optimizer"));
-  RETURN_IF_ERROR(ParseOffload(oo, &c->offload_optimizer, true));
-  // Legacy spellings of the offload switches.
+// ---- The field table ---------------------------------------------------------
+//
+// Each section of the config (the top level, "fp16", "zero_optimization",
+// ...) is a Section: rows that ReadSection reads in order (so the first of
+// several errors is the one reported) and WriteSection writes, then the
+// section's DeepSpeed keys that strata does not implement. A row is
+// - a field: a key bound to a member of the section's struct, with its range
+//   (numbers) or allowed spellings (strings): read, range-checked and written
+//   back, so that a field added once is all three;
+// - a child: a key holding a JSON object, read into a member struct by that
+//   struct's Section (or, nested, into the section's own struct);
+// - a rule: what a field cannot say (the batch-size rule, legacy spellings,
+//   aliases, checks across keys), code that reads where it stands among the
+//   fields and, where it has something to write, code that writes.
+// The defaults are the structs' initializers (config.h): a key left out
+// leaves its member as it is.
+
+template <typename S>
+using Member = std::variant<bool S::*, int S::*, int64_t S::*, uint64_t S::*, double S::*, std::string S::*>;
+
+// A field's options (a bit set).
+enum FieldOption : unsigned {
+  kAuto = 1,       // "auto" keeps the default (sizes that only tune performance)
+  kOpenBelow = 2,  // a number's range is (lo, hi], not [lo, hi]
+  kStage3 = 4,     // also read as "stage3_<key>" (ZeRO-3's spelling; given both, they must agree) and
+                   // written so; "auto" keeps the default
+  kOmitEmpty = 8,  // a string written only when not empty
+};
+
+template <typename S>
+struct Row {
+  std::string key;
+  std::optional<Member<S>> member;             // set for a field
+  double lo = 0, hi = 0;                       // a number's range
+  unsigned options = 0;                        // FieldOption bits
+  std::vector<std::string> choices;            // a string's allowed spellings (none: any string)
+  std::function<Status(Obj&, S*, Ctx*)> read;  // a child or a rule
+  std::function<void(const S&, json*)> write;  // a child or a rule (null: writes nothing)
+
+  bool Has(FieldOption o) const { return (options & o) != 0; }
+};
+
+template <typename S>
+struct Section {
+  std::vector<Row<S>> rows;
+  std::vector<Ignored> ignored;
+};
+
+template <typename S, typename T>
+Row<S> FieldRow(std::string key, T S::*m, double lo = 0, double hi = 0, unsigned options = 0) {
+  Row<S> r;
+  r.key = std::move(key);
+  r.member = m;
+  r.lo = lo, r.hi = hi;
+  r.options = options;
+  return r;
+}
+template <typename S>
+Row<S> Flag(std::string key, bool S::*m) {
+  return FieldRow(std::move(key), m);
+}
+// An integer member in [lo, hi]; 5e8 is accepted for 500000000 (DeepSpeed configs write it so).
+template <typename S, typename T>
+Row<S> Int(std::string key, T S::*m, double lo, double hi, unsigned options = 0) {
+  static_assert(std::is_integral_v<T> && !std::is_same_v<T, bool>);
+  return FieldRow(std::move(key), m, lo, hi, options);
+}
+template <typename S>
+Row<S> Real(std::string key, double S::*m, double lo, double hi, unsigned options = 0) {
+  return FieldRow(std::move(key), m, lo, hi, options);
+}
+template <typename S>
+Row<S> Text(std::string key, std::string S::*m, unsigned options = 0) {
+  return FieldRow(std::move(key), m, 0, 0, options);
+}
+// One of `choices`, compared case-insensitively; the member gets the canonical spelling.
+template <typename S>
+Row<S> OneOf(std::string key, std::string S::*m, std::vector<std::string> choices) {
+  Row<S> r = FieldRow(std::move(key), m);
+  r.choices = std::move(choices);
+  return r;
+}
+template <typename S>
+Row<S> Rule(std::function<Status(Obj&, S*, Ctx*)> read, std::function<void(const S&, json*)> write = nullptr) {
+  Row<S> r;
+  r.read = std::move(read);
+  r.write = std::move(write);
+  return r;
+}
+
+template <typename S>
+Status ReadSection(Obj& o, S* s, const Section<S>& section, Ctx* ctx);
+template <typename S>
+json WriteSection(const S& s, const Section<S>& section);
+
+// The object at `key`, read into member `m` by `section`.
+template <typename S, typename C>
+Row<S> Child(std::string key, C S::*m, const Section<C>& (*section)()) {
+  return Rule<S>(
+      [key, m, section](Obj& o, S* s, Ctx* ctx) -> Status {
+        ASSIGN_OR_RETURN(Obj child, o.Child(key));
+        return ReadSection(child, &(s->*m), section(), ctx);
+      },
+      [key, m, section](const S& s, json* j) { (*j)[key] = WriteSection(s.*m, section()); });
+}
+// The object at `key`, read into the section's own struct by `section`.
+template <typename S>
+Row<S> Nested(std::string key, const Section<S>& (*section)()) {
+  return Rule<S>(
+      [key, section](Obj& o, S* s, Ctx* ctx) -> Status {
+        ASSIGN_OR_RETURN(Obj child, o.Child(key));
+        return ReadSection(child, s, section(), ctx);
+      },
+      [key, section](const S& s, json* j) { (*j)[key] = WriteSection(s, section()); });
+}
+
+template <typename S>
+Status ReadField(Obj& o, const Row<S>& r, S* s) {
+  return std::visit(
+      [&](auto m) -> Status {
+        auto* out = &(s->*m);
+        using T = std::remove_pointer_t<decltype(out)>;
+        if constexpr (std::is_same_v<T, bool>) {
+          return o.Bool(r.key, out);
+        } else if constexpr (std::is_same_v<T, std::string>) {
+          return r.choices.empty() ? o.String(r.key, out) : o.Choice(r.key, out, r.choices);
+        } else if constexpr (std::is_same_v<T, double>) {
+          return o.Double(r.key, out, r.lo, r.hi, r.Has(kOpenBelow), r.Has(kAuto));
+        } else {
+          if (r.Has(kStage3)) return Stage3Int(o, r.key, out, r.lo, r.hi);
+          return o.Int(r.key, out, r.lo, r.hi, r.Has(kAuto));
+        }
+      },
+      *r.member);
+}
+
+template <typename S>
+Status ReadSection(Obj& o, S* s, const Section<S>& section, Ctx* ctx) {
+  for (const Row<S>& r : section.rows) {
+    RETURN_IF_ERROR(r.member ? ReadField(o, r, s) : r.read(o, s, ctx));
+  }
+  return o.Finish(section.ignored);
+}
+
+template <typename S>
+json WriteSection(const S& s, const Section<S>& section) {
+  json j = json::object();
+  for (const Row<S>& r : section.rows) {
+    if (!r.member) {
+      if (r.write) r.write(s, &j);
+      continue;
+    }
+    std::visit(
+        [&](auto m) {
+          const auto& v = s.*m;
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, std::string>)
+            if (r.Has(kOmitEmpty) && v.empty()) return;
+          j[r.Has(kStage3) ? "stage3_" + r.key : r.key] = v;
+        },
+        *r.member);
+  }
+  return j;
+}
+
+// ---- The sections -------------------------------------------------------------
+
+const Section<Fp16Config>& Fp16Section() {
+  using C = Fp16Config;
+  static const Section<C> s = {
+      {
+          Flag("enabled", &C::enabled),
+          Real("loss_scale", &C::loss_scale, 0, 1e30),
+          Int("initial_scale_power", &C::initial_scale_power, 0, 64),
+          Int("loss_scale_window", &C::loss_scale_window, 1, 1e9),
+          Int("hysteresis", &C::hysteresis, 1, 1e6),
+          Flag("consecutive_hysteresis", &C::consecutive_hysteresis),
+          Real("min_loss_scale", &C::min_loss_scale, 0, 1e30, kOpenBelow),
+      },
+      {
+          {"auto_cast", Policy::kErrorIfEnabled, "casting inputs to fp16 changes the computation"},
+          {"fp16_master_weights_and_grads", Policy::kErrorIfEnabled,
+           "strata keeps fp32 master weights; fp16 masters change the optimizer's arithmetic"},
+      }};
+  return s;
+}
+
+// "bf16": {"enabled": ...}, into Config::bf16.
+const Section<Config>& Bf16Section() {
+  static const Section<Config> s = {
+      {Flag("enabled", &Config::bf16)},
+      {
+          {"immediate_grad_update", Policy::kWarn, "gradient update timing only"},
+          {"check_grad_overflow", Policy::kWarn, "strata always checks gradients"},
+      }};
+  return s;
+}
+
+// After "bf16": the fp16/bf16 conflict, and DeepSpeed's alias "bfloat16".
+Status ReadBfloat16(Obj& o, Config* c, Ctx* ctx) {
+  if (c->bf16 && c->fp16.enabled)
+    return InvalidArgument(ctx->source + ": bf16.enabled and fp16.enabled are both true; choose one");
+  if (!o.Has("bfloat16")) return Status::OK();
+  if (o.Has("bf16"))
+    return InvalidArgument(ctx->source + ": both \"bf16\" and its alias \"bfloat16\" are given; keep one");
+  ASSIGN_OR_RETURN(Obj b, o.Child("bfloat16"));
+  RETURN_IF_ERROR(b.Bool("enabled", &c->bf16));
+  return b.Finish({});
+}
+
+Status CheckAdamWMode(Obj& p, OptimizerConfig* c, Ctx*) {
+  if (c->type == "AdamW" && !c->adam_w_mode)
+    return p.Error("adam_w_mode", "false contradicts optimizer type AdamW (decoupled weight decay); use type Adam");
+  return Status::OK();
+}
+
+Status ReadBetas(Obj& p, OptimizerConfig* c, Ctx*) {
+  const json* b = p.Take("betas");
+  if (!b) return Status::OK();
+  if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
+    return p.Error("betas", Show(*b) + " is not allowed (allowed: [beta1, beta2], each in [0, 1))");
+  c->beta1 = (*b)[0].get<double>();
+  c->beta2 = (*b)[1].get<double>();
+  if (c->beta1 < 0 || c->beta1 >= 1 || c->beta2 < 0 || c->beta2 >= 1)
+    return p.Error("betas", Show(*b) + " is out of range (each beta in [0, 1))");
+  return Status::OK();
+}
+
+void WriteBetas(const OptimizerConfig& c, json* j) { (*j)["betas"] = {c.beta1, c.beta2}; }
+
+// "optimizer": {"params": {...}}, into OptimizerConfig.
+const Section<OptimizerConfig>& OptimizerParamsSection() {
+  using C = OptimizerConfig;
+  static const Section<C> s = {
+      {
+          Real("lr", &C::lr, 0, 10),
+          Rule<C>(ReadBetas, WriteBetas),
+          Real("eps", &C::eps, 0, 1, kOpenBelow),
+          Real("weight_decay", &C::weight_decay, 0, 10),
+          Flag("adam_w_mode", &C::adam_w_mode),
+          Rule<C>(CheckAdamWMode),
+          Flag("bias_correction", &C::bias_correction),
+      },
+      {
+          {"amsgrad", Policy::kErrorIfEnabled, "AMSGrad keeps a running max of v and updates differently"},
+          {"torch_adam", Policy::kWarn, "strata's CPU/GPU Adam computes the same update"},
+          {"fused", Policy::kWarn, "strata's Adam is always fused"},
+          {"foreach", Policy::kWarn, "strata's Adam is always fused"},
+          {"capturable", Policy::kWarn, "no effect in strata"},
+          {"maximize", Policy::kErrorIfEnabled, "maximizing flips the update's sign"},
+      }};
+  return s;
+}
+
+// A non-empty section names its type; AdamW implies decoupled weight decay.
+Status ReadOptimizerType(Obj& o, OptimizerConfig* c, Ctx*) {
+  if (!o.Has("type") && !o.raw().empty()) return o.Error("type", "missing (allowed: Adam, AdamW)");
+  if (c->type == "AdamW") c->adam_w_mode = true;
+  return Status::OK();
+}
+
+const Section<OptimizerConfig>& OptimizerSection() {
+  using C = OptimizerConfig;
+  static const Section<C> s = {
+      {
+          OneOf("type", &C::type, {"Adam", "AdamW"}),
+          Rule<C>(ReadOptimizerType),
+          Nested("params", OptimizerParamsSection),
+      },
+      {}};
+  return s;
+}
+
+// ---- The scheduler: checked against optim's table of DeepSpeed's types -------
+
+optim::LrParamValue ToLrParam(const json& v) {
+  if (v.is_boolean()) return v.get<bool>();
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t{std::numeric_limits<int64_t>::max()})
+    return v.get<uint64_t>();  // beyond int64_t
+  if (v.is_number_integer()) return v.get<int64_t>();
+  return v.get<double>();
+}
+
+json FromLrParam(const optim::LrParamValue& v) {
+  return std::visit([](const auto& x) { return json(x); }, v);
+}
+
+Status ReadScheduler(Obj& top, Config* config, Ctx*) {
+  ASSIGN_OR_RETURN(Obj o, top.Child("scheduler"));
+  if (o.raw().empty()) return Status::OK();
+  SchedulerConfig* c = &config->scheduler;
+  std::vector<std::string> types;
+  std::string list;
+  for (const optim::LrScheduleSpec& s : optim::LrScheduleSpecs()) {
+    types.emplace_back(s.name);
+    list += (list.empty() ? "" : ", ") + types.back();
+  }
+  if (!o.Has("type")) return o.Error("type", "missing (allowed: " + list + ")");
+  if (const json& t = o.raw()["type"]; t.is_string() && t.get<std::string>() == "LRRangeTest") {
+    (void)o.Take("type");
+    return o.Error("type", "\"LRRangeTest\" is not implemented by strata (allowed: " + list + ")");
+  }
+  RETURN_IF_ERROR(o.Choice("type", &c->type, types));
+  const optim::LrScheduleSpec* spec = optim::FindLrScheduleSpec(c->type);
+  ASSIGN_OR_RETURN(Obj p, o.Child("params"));
+  for (const optim::LrParamSpec& param : spec->params) {
+    const std::string name(param.name);
+    const json* v = p.Take(name);
+    if (!v) continue;
+    if (Obj::IsAuto(*v)) return p.AutoError(name);
+    switch (param.kind) {
+      case optim::LrParamKind::kWarmupType:
+        if (!v->is_string() || !optim::ParseWarmupType(v->get<std::string>()).ok())
+          return p.Error(name, Show(*v) + " is not allowed (allowed: \"log\", \"linear\")");
+        break;
+      case optim::LrParamKind::kBool:
+        if (!v->is_boolean()) return p.Error(name, Show(*v) + " is not allowed (allowed: true, false)");
+        break;
+      case optim::LrParamKind::kNumber:
+      case optim::LrParamKind::kSteps:
+        if (!v->is_number()) return p.Error(name, Show(*v) + " is not a number");
+        break;
+    }
+    c->params[name] = ToLrParam(*v);
+  }
+  for (const optim::LrParamSpec& param : spec->params)
+    if (param.need == optim::LrParamNeed::kRequired && !c->params.count(param.name))
+      return p.Error(std::string(param.name), "required for scheduler " + c->type);
+  RETURN_IF_ERROR(p.Finish({}));
+  return o.Finish({});
+}
+
+void WriteScheduler(const Config& config, json* j) {
+  const SchedulerConfig& c = config.scheduler;
+  if (c.type.empty()) return;  // the constant lr
+  json params = json::object();
+  for (const auto& [name, v] : c.params) params[name] = FromLrParam(v);
+  (*j)["scheduler"] = {{"type", c.type}, {"params", params}};
+}
+
+// ---- zero_optimization ----------------------------------------------------------
+
+// DeepSpeed's legacy "pipeline": both pipeline_read and pipeline_write.
+Status ReadLegacyPipeline(Obj& o, OffloadConfig* c, Ctx*) {
+  bool pipeline = false;
+  RETURN_IF_ERROR(o.Bool("pipeline", &pipeline));
+  if (pipeline) c->pipeline_read = c->pipeline_write = true;
+  return Status::OK();
+}
+
+Status NvmePathIfNvme(Obj& o, OffloadConfig* c, Ctx*) {
+  if (c->device == "nvme" && c->nvme_path.empty())
+    return o.Error("nvme_path", "required when device is \"nvme\" (a directory on the NVMe drive)");
+  return Status::OK();
+}
+
+// offload_param (optimizer false) or offload_optimizer (true).
+Section<OffloadConfig> OffloadSection(bool optimizer) {
+  using C = OffloadConfig;
+  Section<C> s;
+  s.rows = {
+      OneOf("device", &C::device, {"none", "cpu", "nvme"}),
+      Text("nvme_path", &C::nvme_path, kOmitEmpty),
+      Flag("pin_memory", &C::pin_memory),
+      Int("buffer_count", &C::buffer_count, 1, 1e6),
+  };
+  if (optimizer) {
+    s.rows.push_back(Flag("pipeline_read", &C::pipeline_read));
+    s.rows.push_back(Flag("pipeline_write", &C::pipeline_write));
+    s.rows.push_back(Rule<C>(ReadLegacyPipeline));
+    s.rows.push_back(Real("ratio", &C::ratio, 0, 1));  // 0: all on the GPU (DeepSpeed: ge=0, le=1)
+  } else {
+    s.rows.push_back(Int("buffer_size", &C::buffer_size, 1, kBig, kAuto));
+    s.rows.push_back(Int("max_in_cpu", &C::max_in_cpu, 0, kBig, kAuto));
+  }
+  s.rows.push_back(Rule<C>(NvmePathIfNvme));
+  s.ignored = {{"fast_init", Policy::kWarn, "initialization speed only"}};
+  return s;
+}
+
+const Section<OffloadConfig>& OffloadParamSection() {
+  static const Section<OffloadConfig> s = OffloadSection(false);
+  return s;
+}
+
+const Section<OffloadConfig>& OffloadOptimizerSection() {
+  static const Section<OffloadConfig> s = OffloadSection(true);
+  return s;
+}
+
+// The legacy offload switches, then the ratio's rule (which a legacy switch
+// can satisfy).
+Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
   bool legacy = false;
   RETURN_IF_ERROR(o.Bool("cpu_offload", &legacy));
   if (legacy) {
@@ -415,19 +675,15 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
   bool pin = true;
   RETURN_IF_ERROR(o.Bool("cpu_offload_use_pin_memory", &pin));
   if (o.Has("cpu_offload_use_pin_memory")) c->offload_optimizer.pin_memory = c->offload_param.pin_memory = pin;
-  RETURN_IF_ERROR(o.Bool("overlap_comm", &c->overlap_comm));
-  RETURN_IF_ERROR(o.Int("reduce_bucket_size", &c->reduce_bucket_size, 1, kBig, true));
-  RETURN_IF_ERROR(o.Int("allgather_bucket_size", &c->allgather_bucket_size, 1, kBig, true));
-  RETURN_IF_ERROR(Stage3Int(o, "prefetch_bucket_size", &c->prefetch_bucket_size, 0, kBig));
-  RETURN_IF_ERROR(Stage3Int(o, "max_live_parameters", &c->max_live_parameters, 0, kBig));
-  RETURN_IF_ERROR(Stage3Int(o, "max_reuse_distance", &c->max_reuse_distance, 0, kBig));
-  RETURN_IF_ERROR(Stage3Int(o, "param_persistence_threshold", &c->param_persistence_threshold, 0, kBig));
-  RETURN_IF_ERROR(o.Int("sub_group_size", &c->sub_group_size, 0, kBig, true));
-  // Tuning knobs of DeepSpeed's own fetch heuristics and of communication:
-  // checked and kept in the config, but the planner decides what they decide
-  // there, from the memory budgets (and one GPU has no communication). One
-  // warning names those set to other than DeepSpeed's default, so a tuned
-  // config does not look obeyed when it is not.
+  return Status::OK();
+}
+
+// Tuning knobs of DeepSpeed's own fetch heuristics and of communication:
+// checked and kept in the config, but the planner decides what they decide
+// there, from the memory budgets (and one GPU has no communication). One
+// warning names those set to other than DeepSpeed's default, so a tuned
+// config does not look obeyed when it is not.
+Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
   const ZeroConfig def;
   const std::pair<std::string, bool> tuning[] = {
       {"prefetch_bucket_size", c->prefetch_bucket_size != def.prefetch_bucket_size},
@@ -448,94 +704,277 @@ Status ParseZero(Obj o, ZeroConfig* c, Ctx* ctx) {
                              "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
                              "step, and updates the optimizer state a layer at a time; --dry-run shows them. One GPU: no "
                              "communication to bucket or overlap)");
-  return o.Finish({
-      {"contiguous_gradients", Policy::kWarn, "strata's gradient buffers are always contiguous per layer"},
-      {"reduce_scatter", Policy::kWarn, "communication pattern only"},
-      {"allgather_partitions", Policy::kWarn, "communication pattern only"},
-      {"round_robin_gradients", Policy::kWarn, "communication pattern only"},
-      {"stage3_gather_16bit_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
-      {"gather_16bit_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
-      {"stage3_gather_fp16_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
-      {"ignore_unused_parameters", Policy::kWarn, "every GPT parameter is used"},
-      {"legacy_stage1", Policy::kWarn, "no effect in strata"},
-      {"elastic_checkpoint", Policy::kWarn, "checkpoint layout only"},
-      {"load_from_fp32_weights", Policy::kWarn, "strata always resumes from fp32 master weights"},
-      {"memory_efficient_linear", Policy::kWarn, "memory layout only"},
-      {"pipeline_loading_checkpoint", Policy::kWarn, "loading speed only"},
-      {"override_module_apply", Policy::kWarn, "no effect in strata"},
-      {"use_multi_rank_bucket_allreduce", Policy::kWarn, "communication pattern only"},
-      {"log_trace_cache_warnings", Policy::kWarn, "logging only"},
-      {"zero_hpz_partition_size", Policy::kWarn, "communication pattern only"},
-      {"mics_hierarchical_params_gather", Policy::kWarn, "communication pattern only"},
-      {"stage3_module_granularity_threshold", Policy::kWarn, "prefetch granularity only"},
-      {"module_granularity_threshold", Policy::kWarn, "prefetch granularity only"},
-      {"stage3_use_all_reduce_for_fetch_params", Policy::kWarn, "communication pattern only"},
-      {"use_all_reduce_for_fetch_params", Policy::kWarn, "communication pattern only"},
-      {"zero_quantized_weights", Policy::kErrorIfEnabled, "quantized weight communication changes the numerics"},
-      {"zero_quantized_nontrainable_weights", Policy::kErrorIfEnabled, "quantized weights change the numerics"},
-      {"zero_quantized_gradients", Policy::kErrorIfEnabled, "quantized gradients change the numerics"},
-      {"zeropp_loco_param", Policy::kErrorIfEnabled, "quantized gradients change the numerics"},
-      {"mics_shard_size", Policy::kErrorIfEnabled, "MiCS sharding is not implemented"},
-  });
+  return Status::OK();
 }
 
-Status ParseActivationCheckpointing(Obj o, ActivationCheckpointingConfig* c) {
-  RETURN_IF_ERROR(o.Bool("partition_activations", &c->partition_activations));
-  RETURN_IF_ERROR(o.Bool("cpu_checkpointing", &c->cpu_checkpointing));
-  RETURN_IF_ERROR(o.Int("number_checkpoints", &c->number_checkpoints, 0, 1e6));
-  return o.Finish({
-      {"contiguous_memory_optimization", Policy::kWarn, "memory layout only"},
-      {"synchronize_checkpoint_boundary", Policy::kWarn, "timing only"},
-      {"profile", Policy::kWarn, "profiling only"},
-  });
+const Section<ZeroConfig>& ZeroSection() {
+  using C = ZeroConfig;
+  static const Section<C> s = {
+      {
+          Int("stage", &C::stage, 0, 3),
+          Child("offload_param", &C::offload_param, OffloadParamSection),
+          Child("offload_optimizer", &C::offload_optimizer, OffloadOptimizerSection),
+          Rule<C>(ReadLegacyOffload),
+          Flag("overlap_comm", &C::overlap_comm),
+          Int("reduce_bucket_size", &C::reduce_bucket_size, 1, kBig, kAuto),
+          Int("allgather_bucket_size", &C::allgather_bucket_size, 1, kBig, kAuto),
+          Int("prefetch_bucket_size", &C::prefetch_bucket_size, 0, kBig, kStage3),
+          Int("max_live_parameters", &C::max_live_parameters, 0, kBig, kStage3),
+          Int("max_reuse_distance", &C::max_reuse_distance, 0, kBig, kStage3),
+          Int("param_persistence_threshold", &C::param_persistence_threshold, 0, kBig, kStage3),
+          Int("sub_group_size", &C::sub_group_size, 0, kBig, kAuto),
+          Rule<C>(WarnTuningKnobs),
+      },
+      {
+          {"contiguous_gradients", Policy::kWarn, "strata's gradient buffers are always contiguous per layer"},
+          {"reduce_scatter", Policy::kWarn, "communication pattern only"},
+          {"allgather_partitions", Policy::kWarn, "communication pattern only"},
+          {"round_robin_gradients", Policy::kWarn, "communication pattern only"},
+          {"stage3_gather_16bit_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
+          {"gather_16bit_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
+          {"stage3_gather_fp16_weights_on_model_save", Policy::kWarn, "strata always saves whole weights"},
+          {"ignore_unused_parameters", Policy::kWarn, "every GPT parameter is used"},
+          {"legacy_stage1", Policy::kWarn, "no effect in strata"},
+          {"elastic_checkpoint", Policy::kWarn, "checkpoint layout only"},
+          {"load_from_fp32_weights", Policy::kWarn, "strata always resumes from fp32 master weights"},
+          {"memory_efficient_linear", Policy::kWarn, "memory layout only"},
+          {"pipeline_loading_checkpoint", Policy::kWarn, "loading speed only"},
+          {"override_module_apply", Policy::kWarn, "no effect in strata"},
+          {"use_multi_rank_bucket_allreduce", Policy::kWarn, "communication pattern only"},
+          {"log_trace_cache_warnings", Policy::kWarn, "logging only"},
+          {"zero_hpz_partition_size", Policy::kWarn, "communication pattern only"},
+          {"mics_hierarchical_params_gather", Policy::kWarn, "communication pattern only"},
+          {"stage3_module_granularity_threshold", Policy::kWarn, "prefetch granularity only"},
+          {"module_granularity_threshold", Policy::kWarn, "prefetch granularity only"},
+          {"stage3_use_all_reduce_for_fetch_params", Policy::kWarn, "communication pattern only"},
+          {"use_all_reduce_for_fetch_params", Policy::kWarn, "communication pattern only"},
+          {"zero_quantized_weights", Policy::kErrorIfEnabled, "quantized weight communication changes the numerics"},
+          {"zero_quantized_nontrainable_weights", Policy::kErrorIfEnabled, "quantized weights change the numerics"},
+          {"zero_quantized_gradients", Policy::kErrorIfEnabled, "quantized gradients change the numerics"},
+          {"zeropp_loco_param", Policy::kErrorIfEnabled, "quantized gradients change the numerics"},
+          {"mics_shard_size", Policy::kErrorIfEnabled, "MiCS sharding is not implemented"},
+      }};
+  return s;
 }
 
-Status ParseAio(Obj o, AioConfig* c) {
-  RETURN_IF_ERROR(o.Int("block_size", &c->block_size, 4096, 1ull << 30));
+// ---- The other sections ---------------------------------------------------------
+
+const Section<ActivationCheckpointingConfig>& ActivationCheckpointingSection() {
+  using C = ActivationCheckpointingConfig;
+  static const Section<C> s = {
+      {
+          Flag("partition_activations", &C::partition_activations),
+          Flag("cpu_checkpointing", &C::cpu_checkpointing),
+          Int("number_checkpoints", &C::number_checkpoints, 0, 1e6),
+      },
+      {
+          {"contiguous_memory_optimization", Policy::kWarn, "memory layout only"},
+          {"synchronize_checkpoint_boundary", Policy::kWarn, "timing only"},
+          {"profile", Policy::kWarn, "profiling only"},
+      }};
+  return s;
+}
+
+Status BlockSizeIsPages(Obj& o, AioConfig* c, Ctx*) {
   if (c->block_size % 4096) return o.Error("block_size", std::to_string(c->block_size) + " is not a multiple of 4096");
-  RETURN_IF_ERROR(o.Int("queue_depth", &c->queue_depth, 1, 4096));
-  int threads = c->intra_op_parallelism;
-  RETURN_IF_ERROR(o.Int("intra_op_parallelism", &c->intra_op_parallelism, 1, 256));
-  RETURN_IF_ERROR(o.Int("thread_count", &threads, 1, 256));
-  if (o.Has("thread_count")) {
-    if (o.Has("intra_op_parallelism") && threads != c->intra_op_parallelism)
-      return o.Error("thread_count", "differs from intra_op_parallelism (its alias); keep one");
-    c->intra_op_parallelism = threads;
-  }
-  RETURN_IF_ERROR(o.Bool("single_submit", &c->single_submit));
-  RETURN_IF_ERROR(o.Bool("overlap_events", &c->overlap_events));
-  return o.Finish({{"use_gds", Policy::kWarn, "GPUDirect Storage is not used; I/O goes through pinned host memory"}});
+  return Status::OK();
 }
 
-Status ParseModel(Obj o, ModelConfig* c) {
-  RETURN_IF_ERROR(o.Int("n_layer", &c->n_layer, 1, 10000));
-  RETURN_IF_ERROR(o.Int("n_embd", &c->n_embd, 1, 1 << 20));
-  RETURN_IF_ERROR(o.Int("n_head", &c->n_head, 1, 1 << 14));
-  RETURN_IF_ERROR(o.Int("vocab_size", &c->vocab_size, 2, 1 << 24));
-  RETURN_IF_ERROR(o.Int("seq_len", &c->seq_len, 1, 1 << 20));
+// "thread_count" is DeepSpeed's older name of intra_op_parallelism.
+Status ReadThreadCount(Obj& o, AioConfig* c, Ctx*) {
+  int threads = c->intra_op_parallelism;
+  RETURN_IF_ERROR(o.Int("thread_count", &threads, 1, 256));
+  if (!o.Has("thread_count")) return Status::OK();
+  if (o.Has("intra_op_parallelism") && threads != c->intra_op_parallelism)
+    return o.Error("thread_count", "differs from intra_op_parallelism (its alias); keep one");
+  c->intra_op_parallelism = threads;
+  return Status::OK();
+}
+
+const Section<AioConfig>& AioSection() {
+  using C = AioConfig;
+  static const Section<C> s = {
+      {
+          Int("block_size", &C::block_size, 4096, 1ull << 30),
+          Rule<C>(BlockSizeIsPages),
+          Int("queue_depth", &C::queue_depth, 1, 4096),
+          Int("intra_op_parallelism", &C::intra_op_parallelism, 1, 256),
+          Rule<C>(ReadThreadCount),
+          Flag("single_submit", &C::single_submit),
+          Flag("overlap_events", &C::overlap_events),
+      },
+      {{"use_gds", Policy::kWarn, "GPUDirect Storage is not used; I/O goes through pinned host memory"}}};
+  return s;
+}
+
+Status HeadsDivideWidth(Obj& o, ModelConfig* c, Ctx*) {
   if (c->n_embd % c->n_head)
     return o.Error("n_head", std::to_string(c->n_head) + " does not divide n_embd (" + std::to_string(c->n_embd) + ")");
-  return o.Finish({});
+  return Status::OK();
 }
 
-Status ParseData(Obj o, DataConfig* c) {
-  RETURN_IF_ERROR(o.String("path", &c->path));
-  RETURN_IF_ERROR(o.Choice("format", &c->format, {"auto", "text", "tokens"}));
-  RETURN_IF_ERROR(o.String("val_path", &c->val_path));
-  RETURN_IF_ERROR(o.Double("val_fraction", &c->val_fraction, 0, 0.5));
-  RETURN_IF_ERROR(o.Choice("sampling", &c->sampling, {"random", "sequential"}));
-  RETURN_IF_ERROR(o.Int("seed", &c->seed, 0, 1.8e19));
-  return o.Finish({});
+const Section<ModelConfig>& ModelSection() {
+  using C = ModelConfig;
+  static const Section<C> s = {
+      {
+          Int("n_layer", &C::n_layer, 1, 10000),
+          Int("n_embd", &C::n_embd, 1, 1 << 20),
+          Int("n_head", &C::n_head, 1, 1 << 14),
+          Int("vocab_size", &C::vocab_size, 2, 1 << 24),
+          Int("seq_len", &C::seq_len, 1, 1 << 20),
+          Rule<C>(HeadsDivideWidth),
+      },
+      {}};
+  return s;
 }
 
-Status ParseTrainer(Obj o, TrainerConfig* c) {
-  RETURN_IF_ERROR(o.Int("steps", &c->steps, 1, kBig));
-  RETURN_IF_ERROR(o.Int("seed", &c->seed, 0, 1.8e19));
-  RETURN_IF_ERROR(o.Int("eval_interval", &c->eval_interval, 0, kBig));
-  RETURN_IF_ERROR(o.Int("eval_batches", &c->eval_batches, 1, 1e6));
-  RETURN_IF_ERROR(o.Choice("gpu_assisted_optimizer", &c->gpu_assisted_optimizer, {"auto", "on", "off"}));
-  RETURN_IF_ERROR(o.Choice("schedule", &c->schedule, {"layer-major", "micro-batch-major"}));
-  return o.Finish({});
+const Section<DataConfig>& DataSection() {
+  using C = DataConfig;
+  static const Section<C> s = {
+      {
+          Text("path", &C::path),
+          OneOf("format", &C::format, {"auto", "text", "tokens"}),
+          Text("val_path", &C::val_path),
+          Real("val_fraction", &C::val_fraction, 0, 0.5),
+          OneOf("sampling", &C::sampling, {"random", "sequential"}),
+          Int("seed", &C::seed, 0, 1.8e19),
+      },
+      {}};
+  return s;
+}
+
+const Section<TrainerConfig>& TrainerSection() {
+  using C = TrainerConfig;
+  static const Section<C> s = {
+      {
+          Int("steps", &C::steps, 1, kBig),
+          Int("seed", &C::seed, 0, 1.8e19),
+          Int("eval_interval", &C::eval_interval, 0, kBig),
+          Int("eval_batches", &C::eval_batches, 1, 1e6),
+          OneOf("gpu_assisted_optimizer", &C::gpu_assisted_optimizer, {"auto", "on", "off"}),
+          OneOf("schedule", &C::schedule, {"layer-major", "micro-batch-major"}),
+      },
+      {}};
+  return s;
+}
+
+// ---- The top level ----------------------------------------------------------------
+
+// train_batch_size = micro batch × accumulation steps × world size: any two
+// give the third; "auto" or absent counts as not given.
+Status ReadBatchSizes(Obj& o, Config* c, Ctx*) {
+  int64_t tb = 0, mb = 0, ga = 0;  // 0: not given
+  RETURN_IF_ERROR(o.Int("train_batch_size", &tb, 1, kBig, true));
+  RETURN_IF_ERROR(o.Int("train_micro_batch_size_per_gpu", &mb, 1, kBig, true));
+  RETURN_IF_ERROR(o.Int("gradient_accumulation_steps", &ga, 1, kBig, true));
+  const int64_t w = c->world_size;
+  auto rule = [&](const std::string& what) {
+    return o.Error("train_batch_size", what +
+                                           " (the rule: train_batch_size = train_micro_batch_size_per_gpu × "
+                                           "gradient_accumulation_steps × world size; here " +
+                                           (tb ? std::to_string(tb) : "?") + " vs " +
+                                           (mb ? std::to_string(mb) : "?") + " × " +
+                                           (ga ? std::to_string(ga) : "?") + " × " + std::to_string(w) + ")");
+  };
+  if (tb && mb && ga) {
+    if (tb != mb * ga * w) return rule("inconsistent batch sizes");
+  } else if (tb && mb) {
+    if (tb % (mb * w)) return rule("train_batch_size is not divisible by micro batch × world size");
+    ga = tb / (mb * w);
+  } else if (tb && ga) {
+    if (tb % (ga * w)) return rule("train_batch_size is not divisible by accumulation steps × world size");
+    mb = tb / (ga * w);
+  } else if (mb) {
+    if (!ga) ga = 1;
+    tb = mb * ga * w;
+  } else if (tb) {
+    ga = 1;
+    if (tb % w) return rule("train_batch_size is not divisible by the world size");
+    mb = tb / w;
+  } else {
+    const Config defaults;
+    mb = defaults.micro_batch;
+    if (!ga) ga = defaults.grad_accum;
+    tb = mb * ga * w;
+  }
+  c->train_batch_size = tb;
+  c->micro_batch = mb;
+  c->grad_accum = ga;
+  return Status::OK();
+}
+
+void WriteBatchSizes(const Config& c, json* j) {
+  (*j)["train_batch_size"] = c.train_batch_size;
+  (*j)["train_micro_batch_size_per_gpu"] = c.micro_batch;
+  (*j)["gradient_accumulation_steps"] = c.grad_accum;
+}
+
+const Section<Config>& ConfigSection() {
+  using C = Config;
+  static const Section<C> s = {
+      {
+          Rule<C>(ReadBatchSizes, WriteBatchSizes),
+          Child("fp16", &C::fp16, Fp16Section),
+          Nested("bf16", Bf16Section),
+          Rule<C>(ReadBfloat16),
+          Child("optimizer", &C::optimizer, OptimizerSection),
+          Rule<C>(ReadScheduler, WriteScheduler),
+          Real("gradient_clipping", &C::gradient_clipping, 0, 1e30),
+          Child("zero_optimization", &C::zero, ZeroSection),
+          Child("activation_checkpointing", &C::activation_checkpointing, ActivationCheckpointingSection),
+          Child("aio", &C::aio, AioSection),
+          Int("steps_per_print", &C::steps_per_print, 1, kBig),
+          Flag("wall_clock_breakdown", &C::wall_clock_breakdown),
+          Child("model", &C::model, ModelSection),
+          Child("data", &C::data, DataSection),
+          Child("trainer", &C::trainer, TrainerSection),
+      },
+      {
+          {"flops_profiler", Policy::kWarn, "profiling only; strata prints TFLOP/s and MFU itself"},
+          {"tensorboard", Policy::kWarn, "logging only; use --log-json"},
+          {"wandb", Policy::kWarn, "logging only; use --log-json"},
+          {"csv_monitor", Policy::kWarn, "logging only; use --log-json"},
+          {"comet", Policy::kWarn, "logging only; use --log-json"},
+          {"monitor_config", Policy::kWarn, "logging only"},
+          {"comms_logger", Policy::kWarn, "logging only"},
+          {"autotuning", Policy::kWarn, "use strata-bench and the planner instead"},
+          {"dump_state", Policy::kWarn, "debugging output only"},
+          {"memory_breakdown", Policy::kWarn, "strata prints memory per tier itself"},
+          {"checkpoint", Policy::kWarn, "checkpoint options are given with --save/--resume"},
+          {"zero_allow_untested_optimizer", Policy::kWarn, "no effect in strata"},
+          {"zero_force_ds_cpu_optimizer", Policy::kWarn, "strata always uses its own CPU Adam"},
+          {"nebula", Policy::kWarn, "checkpoint service not used"},
+          {"timers", Policy::kWarn, "timing output only"},
+          {"compile", Policy::kWarn, "torch.compile does not apply"},
+          {"pipeline", Policy::kWarn, "pipeline parallelism is not used on one GPU"},
+          {"prescale_gradients", Policy::kWarn, "only the rounding of the reduction differs"},
+          {"gradient_predivide_factor", Policy::kWarn, "only the rounding of the reduction differs"},
+          {"fp32_allreduce", Policy::kWarn, "strata reduces gradients in fp32"},
+          {"communication_data_type", Policy::kWarn, "strata reduces gradients in fp32"},
+          {"seq_parallel_communication_data_type", Policy::kWarn, "sequence parallelism is not used"},
+          {"disable_allgather", Policy::kWarn, "communication pattern only"},
+          {"vocabulary_size", Policy::kWarn, "strata reads the vocabulary from model.vocab_size"},
+          {"use_node_local_storage", Policy::kWarn, "checkpoint layout only"},
+          {"load_universal_checkpoint", Policy::kWarn, "use --resume"},
+          {"graph_harvesting", Policy::kWarn, "no effect in strata"},
+          {"eigenvalue", Policy::kWarn, "diagnostics only"},
+          {"elasticity", Policy::kErrorIfEnabled, "elastic training changes the batch size"},
+          {"data_efficiency", Policy::kErrorIfEnabled, "data sampling and routing change what is trained on"},
+          {"curriculum_learning", Policy::kErrorIfEnabled, "the curriculum changes what is trained on"},
+          {"progressive_layer_drop", Policy::kErrorIfEnabled, "dropping layers changes the model's computation"},
+          {"sparse_attention", Policy::kError, "sparse attention changes the model"},
+          {"sparse_gradients", Policy::kErrorIfEnabled, "sparse gradients are not implemented"},
+          {"amp", Policy::kErrorIfEnabled, "Apex AMP changes the precision of the computation"},
+          {"torch_autocast", Policy::kErrorIfEnabled, "autocast changes the precision of the computation"},
+          {"quantize_training", Policy::kErrorIfEnabled, "quantized training changes the numerics"},
+          {"compression_training", Policy::kErrorIfEnabled, "compression changes the model"},
+          {"weight_quantization", Policy::kErrorIfEnabled, "quantized weights change the numerics"},
+          {"hybrid_engine", Policy::kErrorIfEnabled, "the RLHF hybrid engine is not implemented"},
+          {"tensor_parallel", Policy::kErrorIfEnabled, "tensor parallelism is not implemented"},
+          {"data_types", Policy::kErrorIfEnabled,
+           "strata accumulates gradients in fp32; another dtype changes the result"},
+      }};
+  return s;
 }
 
 }  // namespace
@@ -547,129 +986,11 @@ Result<Config> ParseConfig(const json& j, const std::string& source, int world_s
   Ctx ctx{source, warnings};
   if (!j.is_object()) return InvalidArgument(source + ": the config is not a JSON object");
   if (world_size < 1) return InvalidArgument("world size " + std::to_string(world_size) + " is not positive");
-  Config c = DefaultConfig();
+  Config c;  // every key left out keeps its default
   c.source = source;
   c.world_size = world_size;
-  c.train_batch_size = c.micro_batch = c.grad_accum = 0;
   Obj o(j, "", &ctx);
-
-  RETURN_IF_ERROR(o.Int("train_batch_size", &c.train_batch_size, 1, kBig, true));
-  RETURN_IF_ERROR(o.Int("train_micro_batch_size_per_gpu", &c.micro_batch, 1, kBig, true));
-  RETURN_IF_ERROR(o.Int("gradient_accumulation_steps", &c.grad_accum, 1, kBig, true));
-  {
-    int64_t& tb = c.train_batch_size;
-    int64_t& mb = c.micro_batch;
-    int64_t& ga = c.grad_accum;
-    const int64_t w = world_size;
-    auto rule = [&](const std::string& what) {
-      return InvalidArgument(source + ": train_batch_size: " + what +
-                             " (the rule: train_batch_size = train_micro_batch_size_per_gpu × "
-                             "gradient_accumulation_steps × world size; here " +
-                             (tb ? std::to_string(tb) : "?") + " vs " + (mb ? std::to_string(mb) : "?") + " × " +
-                             (ga ? std::to_string(ga) : "?") + " × " + std::to_string(w) + ")");
-    };
-    if (tb && mb && ga) {
-      if (tb != mb * ga * w) return rule("inconsistent batch sizes");
-    } else if (tb && mb) {
-      if (tb % (mb * w)) return rule("train_batch_size is not divisible by micro batch × world size");
-      ga = tb / (mb * w);
-    } else if (tb && ga) {
-      if (tb % (ga * w)) return rule("train_batch_size is not divisible by accumulation steps × world size");
-      mb = tb / (ga * w);
-    } else if (mb) {
-      if (!ga) ga = 1;
-      tb = mb * ga * w;
-    } else if (tb) {
-      ga = 1;
-      if (tb % w) return rule("train_batch_size is not divisible by the world size");
-      mb = tb / w;
-    } else {
-      Config d = DefaultConfig();
-      mb = d.micro_batch;
-      if (!ga) ga = d.grad_accum;
-      tb = mb * ga * w;
-    }
-  }
-
-  ASSIGN_OR_RETURN(Obj fp16, o.Child("fp16"));
-  RETURN_IF_ERROR(ParseFp16(fp16, &c.fp16));
-  ASSIGN_OR_RETURN(Obj bf16, o.Child("bf16"));
-  RETURN_IF_ERROR(bf16.Bool("enabled", &c.bf16));
-  RETURN_IF_ERROR(bf16.Finish({{"immediate_grad_update", Policy::kWarn, "gradient update timing only"},
-                               {"check_grad_overflow", Policy::kWarn, "strata always checks gradients"}}));
-  if (c.bf16 && c.fp16.enabled)
-    return InvalidArgument(source + ": bf16.enabled and fp16.enabled are both true; choose one");
-  // bfloat16 is DeepSpeed's alias of bf16.
-  if (o.Has("bfloat16")) {
-    if (o.Has("bf16")) return InvalidArgument(source + ": both \"bf16\" and its alias \"bfloat16\" are given; keep one");
-    ASSIGN_OR_RETURN(Obj b2, o.Child("bfloat16"));
-    RETURN_IF_ERROR(b2.Bool("enabled", &c.bf16));
-    RETURN_IF_ERROR(b2.Finish({}));
-  }
-  ASSIGN_OR_RETURN(Obj opt, o.Child("optimizer"));
-  RETURN_IF_ERROR(ParseOptimizer(opt, &c.optimizer));
-  ASSIGN_OR_RETURN(Obj sched, o.Child("scheduler"));
-  RETURN_IF_ERROR(ParseScheduler(sched, &c.scheduler));
-  RETURN_IF_ERROR(o.Double("gradient_clipping", &c.gradient_clipping, 0, 1e30));
-  ASSIGN_OR_RETURN(Obj zero, o.Child("zero_optimization"));
-  RETURN_IF_ERROR(ParseZero(zero, &c.zero, &ctx));
-  ASSIGN_OR_RETURN(Obj ac, o.Child("activation_checkpointing"));
-  RETURN_IF_ERROR(ParseActivationCheckpointing(ac, &c.activation_checkpointing));
-  ASSIGN_OR_RETURN(Obj aio, o.Child("aio"));
-  RETURN_IF_ERROR(ParseAio(aio, &c.aio));
-  RETURN_IF_ERROR(o.Int("steps_per_print", &c.steps_per_print, 1, kBig));
-  RETURN_IF_ERROR(o.Bool("wall_clock_breakdown", &c.wall_clock_breakdown));
-  ASSIGN_OR_RETURN(Obj model, o.Child("model"));
-  RETURN_IF_ERROR(ParseModel(model, &c.model));
-  ASSIGN_OR_RETURN(Obj data, o.Child("data"));
-  RETURN_IF_ERROR(ParseData(data, &c.data));
-  ASSIGN_OR_RETURN(Obj trainer, o.Child("trainer"));
-  RETURN_IF_ERROR(ParseTrainer(trainer, &c.trainer));
-  RETURN_IF_ERROR(o.Finish({
-      {"flops_profiler", Policy::kWarn, "profiling only; strata prints TFLOP/s and MFU itself"},
-      {"tensorboard", Policy::kWarn, "logging only; use --log-json"},
-      {"wandb", Policy::kWarn, "logging only; use --log-json"},
-      {"csv_monitor", Policy::kWarn, "logging only; use --log-json"},
-      {"comet", Policy::kWarn, "logging only; use --log-json"},
-      {"monitor_config", Policy::kWarn, "logging only"},
-      {"comms_logger", Policy::kWarn, "logging only"},
-      {"autotuning", Policy::kWarn, "use strata-bench and the planner instead"},
-      {"dump_state", Policy::kWarn, "debugging output only"},
-      {"memory_breakdown", Policy::kWarn, "strata prints memory per tier itself"},
-      {"checkpoint", Policy::kWarn, "checkpoint options are given with --save/--resume"},
-      {"zero_allow_untested_optimizer", Policy::kWarn, "no effect in strata"},
-      {"zero_force_ds_cpu_optimizer", Policy::kWarn, "strata always uses its own CPU Adam"},
-      {"nebula", Policy::kWarn, "checkpoint service not used"},
-      {"timers", Policy::kWarn, "timing output only"},
-      {"compile", Policy::kWarn, "torch.compile does not apply"},
-      {"pipeline", Policy::kWarn, "pipeline parallelism is not used on one GPU"},
-      {"prescale_gradients", Policy::kWarn, "only the rounding of the reduction differs"},
-      {"gradient_predivide_factor", Policy::kWarn, "only the rounding of the reduction differs"},
-      {"fp32_allreduce", Policy::kWarn, "strata reduces gradients in fp32"},
-      {"communication_data_type", Policy::kWarn, "strata reduces gradients in fp32"},
-      {"seq_parallel_communication_data_type", Policy::kWarn, "sequence parallelism is not used"},
-      {"disable_allgather", Policy::kWarn, "communication pattern only"},
-      {"vocabulary_size", Policy::kWarn, "strata reads the vocabulary from model.vocab_size"},
-      {"use_node_local_storage", Policy::kWarn, "checkpoint layout only"},
-      {"load_universal_checkpoint", Policy::kWarn, "use --resume"},
-      {"graph_harvesting", Policy::kWarn, "no effect in strata"},
-      {"eigenvalue", Policy::kWarn, "diagnostics only"},
-      {"elasticity", Policy::kErrorIfEnabled, "elastic training changes the batch size"},
-      {"data_efficiency", Policy::kErrorIfEnabled, "data sampling and routing change what is trained on"},
-      {"curriculum_learning", Policy::kErrorIfEnabled, "the curriculum changes what is trained on"},
-      {"progressive_layer_drop", Policy::kErrorIfEnabled, "dropping layers changes the model's computation"},
-      {"sparse_attention", Policy::kError, "sparse attention changes the model"},
-      {"sparse_gradients", Policy::kErrorIfEnabled, "sparse gradients are not implemented"},
-      {"amp", Policy::kErrorIfEnabled, "Apex AMP changes the precision of the computation"},
-      {"torch_autocast", Policy::kErrorIfEnabled, "autocast changes the precision of the computation"},
-      {"quantize_training", Policy::kErrorIfEnabled, "quantized training changes the numerics"},
-      {"compression_training", Policy::kErrorIfEnabled, "compression changes the model"},
-      {"weight_quantization", Policy::kErrorIfEnabled, "quantized weights change the numerics"},
-      {"hybrid_engine", Policy::kErrorIfEnabled, "the RLHF hybrid engine is not implemented"},
-      {"tensor_parallel", Policy::kErrorIfEnabled, "tensor parallelism is not implemented"},
-      {"data_types", Policy::kErrorIfEnabled, "strata accumulates gradients in fp32; another dtype changes the result"},
-  }));
-  if (c.model.seq_len < 1) return InvalidArgument(source + ": model.seq_len must be positive");
+  RETURN_IF_ERROR(ReadSection(o, &c, ConfigSection(), &ctx));
   return c;
 }
 
@@ -711,114 +1032,12 @@ Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<s
   return ParseConfig(j, path, world_size, warnings);
 }
 
-nlohmann::json ConfigToJson(const Config& c) {
-  auto offload = [](const OffloadConfig& o, bool optimizer) {
-    json j = {{"device", o.device}, {"pin_memory", o.pin_memory}, {"buffer_count", o.buffer_count}};
-    if (!o.nvme_path.empty()) j["nvme_path"] = o.nvme_path;
-    if (optimizer) {
-      j["pipeline_read"] = o.pipeline_read;
-      j["pipeline_write"] = o.pipeline_write;
-      j["ratio"] = o.ratio;
-    } else {
-      j["buffer_size"] = o.buffer_size;
-      j["max_in_cpu"] = o.max_in_cpu;
-    }
-    return j;
-  };
-  json sched = json::object();
-  if (!c.scheduler.type.empty()) {
-    json params = json::object();
-    for (const auto& [k, v] : c.scheduler.params) params[k] = v;
-    sched = {{"type", c.scheduler.type}, {"params", params}};
-  }
-  json j = {
-      {"train_batch_size", c.train_batch_size},
-      {"train_micro_batch_size_per_gpu", c.micro_batch},
-      {"gradient_accumulation_steps", c.grad_accum},
-      {"fp16",
-       {{"enabled", c.fp16.enabled},
-        {"loss_scale", c.fp16.loss_scale},
-        {"initial_scale_power", c.fp16.initial_scale_power},
-        {"loss_scale_window", c.fp16.loss_scale_window},
-        {"hysteresis", c.fp16.hysteresis},
-        {"consecutive_hysteresis", c.fp16.consecutive_hysteresis},
-        {"min_loss_scale", c.fp16.min_loss_scale}}},
-      {"bf16", {{"enabled", c.bf16}}},
-      {"optimizer",
-       {{"type", c.optimizer.type},
-        {"params",
-         {{"lr", c.optimizer.lr},
-          {"betas", {c.optimizer.beta1, c.optimizer.beta2}},
-          {"eps", c.optimizer.eps},
-          {"weight_decay", c.optimizer.weight_decay},
-          {"adam_w_mode", c.optimizer.adam_w_mode},
-          {"bias_correction", c.optimizer.bias_correction}}}}},
-      {"gradient_clipping", c.gradient_clipping},
-      {"zero_optimization",
-       {{"stage", c.zero.stage},
-        {"offload_param", offload(c.zero.offload_param, false)},
-        {"offload_optimizer", offload(c.zero.offload_optimizer, true)},
-        {"overlap_comm", c.zero.overlap_comm},
-        {"reduce_bucket_size", c.zero.reduce_bucket_size},
-        {"allgather_bucket_size", c.zero.allgather_bucket_size},
-        {"stage3_prefetch_bucket_size", c.zero.prefetch_bucket_size},
-        {"stage3_max_live_parameters", c.zero.max_live_parameters},
-        {"stage3_max_reuse_distance", c.zero.max_reuse_distance},
-        {"stage3_param_persistence_threshold", c.zero.param_persistence_threshold},
-        {"sub_group_size", c.zero.sub_group_size}}},
-      {"activation_checkpointing",
-       {{"partition_activations", c.activation_checkpointing.partition_activations},
-        {"cpu_checkpointing", c.activation_checkpointing.cpu_checkpointing},
-        {"number_checkpoints", c.activation_checkpointing.number_checkpoints}}},
-      {"aio",
-       {{"block_size", c.aio.block_size},
-        {"queue_depth", c.aio.queue_depth},
-        {"intra_op_parallelism", c.aio.intra_op_parallelism},
-        {"single_submit", c.aio.single_submit},
-        {"overlap_events", c.aio.overlap_events}}},
-      {"steps_per_print", c.steps_per_print},
-      {"wall_clock_breakdown", c.wall_clock_breakdown},
-      {"model",
-       {{"n_layer", c.model.n_layer},
-        {"n_embd", c.model.n_embd},
-        {"n_head", c.model.n_head},
-        {"vocab_size", c.model.vocab_size},
-        {"seq_len", c.model.seq_len}}},
-      {"data",
-       {{"path", c.data.path},
-        {"format", c.data.format},
-        {"val_path", c.data.val_path},
-        {"val_fraction", c.data.val_fraction},
-        {"sampling", c.data.sampling},
-        {"seed", c.data.seed}}},
-      {"trainer",
-       {{"steps", c.trainer.steps},
-        {"seed", c.trainer.seed},
-        {"eval_interval", c.trainer.eval_interval},
-        {"eval_batches", c.trainer.eval_batches},
-        {"gpu_assisted_optimizer", c.trainer.gpu_assisted_optimizer},
-        {"schedule", c.trainer.schedule}}},
-  };
-  if (!sched.empty()) j["scheduler"] = sched;
-  return j;
-}
+nlohmann::json ConfigToJson(const Config& c) { return WriteSection(c, ConfigSection()); }
 
 Config DefaultConfig() {
+  // The demo is the defaults; only its name in messages differs.
   Config c;
   c.source = "(built-in default)";
-  c.micro_batch = 8;
-  c.grad_accum = 1;
-  c.train_batch_size = 8;
-  c.optimizer.type = "AdamW";
-  c.optimizer.lr = 1e-3;
-  c.optimizer.beta1 = 0.9;
-  c.optimizer.beta2 = 0.95;
-  c.optimizer.eps = 1e-8;
-  c.optimizer.weight_decay = 0.1;
-  c.gradient_clipping = 1.0;
-  c.steps_per_print = 5;
-  c.model = ModelConfig{};
-  c.data.path = "";  // the trainer resolves the bundled corpus
   return c;
 }
 

@@ -1,12 +1,12 @@
 // Training configuration: a DeepSpeed ds_config.json, read as it is, plus
 // strata's own `model`, `data` and `trainer` sections.
 //
-// Rules (../shared/DESIGN.md, "Configuration"):
+// Rules:
 // - Keys strata implements are parsed and validated; a bad value is an error
 //   naming the key's path, the value and what is allowed.
 // - DeepSpeed keys strata does not implement are accepted with one warning
 //   each, unless ignoring them would change the training result (e.g.
-//   `prescale_gradients: true`, `amp.enabled: true`): then an error says why.
+//   `amp.enabled: true`, `elasticity.enabled: true`): then an error says why.
 // - A key neither DeepSpeed nor strata knows is an error naming the key, its
 //   path and the nearest known key, so a typo is never silently ignored.
 // - `train_batch_size = micro_batch × gradient_accumulation_steps × world`;
@@ -16,40 +16,51 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "base/status.h"
+#include "optim/loss_scaler.h"
+#include "optim/lr_schedule_spec.h"
 
 namespace strata {
 
+// Defaults: each field's initializer is its one default, what a config that
+// leaves the key out gets (ParseConfig starts from a default-constructed
+// Config). They are DeepSpeed's but where a comment says otherwise.
+// Configs compare field by field (operator==).
+
 struct Fp16Config {
   bool enabled = false;
-  double loss_scale = 0;          // 0 = dynamic
-  int initial_scale_power = 16;   // DeepSpeed's documented default
-  int loss_scale_window = 1000;
-  int hysteresis = 2;
-  bool consecutive_hysteresis = false;
-  double min_loss_scale = 1;
+  // The loss scaler's settings; the defaults are optim::LossScalerConfig's.
+  double loss_scale = optim::LossScalerConfig{}.loss_scale;  // 0 = dynamic
+  int initial_scale_power = optim::LossScalerConfig{}.initial_scale_power;
+  int loss_scale_window = static_cast<int>(optim::LossScalerConfig{}.loss_scale_window);
+  int hysteresis = optim::LossScalerConfig{}.hysteresis;
+  bool consecutive_hysteresis = optim::LossScalerConfig{}.consecutive_hysteresis;
+  double min_loss_scale = optim::LossScalerConfig{}.min_loss_scale;
+  bool operator==(const Fp16Config&) const = default;
 };
 
 struct OptimizerConfig {
   std::string type = "AdamW";     // "Adam" or "AdamW" (DeepSpeed names, case-insensitive)
   double lr = 1e-3;
-  double beta1 = 0.9, beta2 = 0.999;
+  // beta2 0.95 and weight_decay 0.1 are strata's (GPT training's usual
+  // values); DeepSpeed's Adam defaults are 0.999 and 0.
+  double beta1 = 0.9, beta2 = 0.95;
   double eps = 1e-8;
-  double weight_decay = 0.0;
+  double weight_decay = 0.1;
   bool adam_w_mode = true;        // decoupled weight decay (DeepSpeed Adam's default)
   bool bias_correction = true;
+  bool operator==(const OptimizerConfig&) const = default;
 };
 
 struct SchedulerConfig {
-  std::string type;               // "" = constant lr; WarmupLR, WarmupDecayLR, WarmupCosineLR, OneCycle
-  std::map<std::string, nlohmann::json> params;  // validated names for `type`
+  std::string type;               // "" = constant lr; else a type of optim::LrScheduleSpecs()
+  optim::LrParamValues params;    // the type's parameters given (optim/lr_schedule_spec.h)
+  bool operator==(const SchedulerConfig&) const = default;
 };
 
 struct OffloadConfig {
@@ -74,6 +85,7 @@ struct OffloadConfig {
   // With "nvme" the offloaded part lives on NVMe. The results are the same
   // bits whatever the ratio (the GPU Adam computes the CPU Adam's bits).
   double ratio = 1.0;
+  bool operator==(const OffloadConfig&) const = default;
 };
 
 struct ZeroConfig {
@@ -87,12 +99,14 @@ struct ZeroConfig {
   uint64_t max_reuse_distance = 1'000'000'000;
   uint64_t param_persistence_threshold = 100'000;
   uint64_t sub_group_size = 1'000'000'000;
+  bool operator==(const ZeroConfig&) const = default;
 };
 
 struct ActivationCheckpointingConfig {
   bool partition_activations = false;
   bool cpu_checkpointing = false;
   int number_checkpoints = 0;     // 0 = every layer (strata checkpoints each layer's input)
+  bool operator==(const ActivationCheckpointingConfig&) const = default;
 };
 
 struct AioConfig {
@@ -101,23 +115,27 @@ struct AioConfig {
   int intra_op_parallelism = 1;
   bool single_submit = false;
   bool overlap_events = true;
+  bool operator==(const AioConfig&) const = default;
 };
 
+// strata's own section; the defaults are the built-in demo GPT (`make run`).
 struct ModelConfig {
   int n_layer = 4;
   int n_embd = 128;
   int n_head = 4;
   int vocab_size = 256;
   int seq_len = 128;
+  bool operator==(const ModelConfig&) const = default;
 };
 
 struct DataConfig {
-  std::string path;               // text (byte tokens) or llm.c/nanoGPT uint16 token file
+  std::string path;               // text (byte tokens) or llm.c/nanoGPT uint16 token file; "" = the bundled corpus
   std::string format = "auto";    // auto | text | tokens
   std::string val_path;           // held-out file; empty = split off the tail of `path`
   double val_fraction = 0.05;
   std::string sampling = "random";  // random | sequential
   uint64_t seed = 1337;
+  bool operator==(const DataConfig&) const = default;
 };
 
 struct TrainerConfig {
@@ -138,23 +156,25 @@ struct TrainerConfig {
   // checkpoints; parameters stream once per micro-batch; each layer's fp32
   // gradient accumulator persists across the micro-batches). Same results.
   std::string schedule = "layer-major";
+  bool operator==(const TrainerConfig&) const = default;
 };
 
 struct Config {
   std::string source;             // file name for messages
-  int64_t train_batch_size = 0;
-  int64_t micro_batch = 0;        // train_micro_batch_size_per_gpu
-  int64_t grad_accum = 0;         // gradient_accumulation_steps
+  // DeepSpeed requires a batch size; strata's default is micro batch 8.
+  int64_t train_batch_size = 8;   // micro_batch × grad_accum × world_size
+  int64_t micro_batch = 8;        // train_micro_batch_size_per_gpu
+  int64_t grad_accum = 1;         // gradient_accumulation_steps
   int world_size = 1;
   Fp16Config fp16;
   bool bf16 = false;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  double gradient_clipping = 0;   // 0 = off
+  double gradient_clipping = 1.0; // 0 = off (DeepSpeed's default; strata's is 1.0)
   ZeroConfig zero;
   ActivationCheckpointingConfig activation_checkpointing;
   AioConfig aio;
-  int64_t steps_per_print = 10;
+  int64_t steps_per_print = 5;    // DeepSpeed's default is 10
   bool wall_clock_breakdown = false;
   ModelConfig model;
   DataConfig data;
@@ -162,6 +182,7 @@ struct Config {
 
   // "bf16", "fp16" or "fp32".
   std::string precision() const { return bf16 ? "bf16" : fp16.enabled ? "fp16" : "fp32"; }
+  bool operator==(const Config&) const = default;
 };
 
 // Parses `j` (the whole config). Warnings for accepted-but-ignored DeepSpeed
@@ -183,7 +204,8 @@ Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& get
 // record); ParseConfig of the result gives the same Config back.
 nlohmann::json ConfigToJson(const Config& c);
 
-// The built-in default: the small GPT on the bundled corpus (`make run`).
+// The built-in demo (`strata train` without --config, `make run`): the
+// default Config, the small GPT on the bundled corpus, named for messages.
 Config DefaultConfig();
 
 // Levenshtein distance (for "did you mean" suggestions).

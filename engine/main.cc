@@ -48,12 +48,14 @@ int Train(int argc, char** argv) {
   int64_t steps = -1, save_every = 0;
   int threads = 0;
   bool dry_run = false, after_backward = false, no_speculation = false;
+  const std::string steps_help =
+      "optimizer steps to train (default: trainer.steps, " + std::to_string(strata::TrainerConfig{}.steps) + ")";
   po::options_description desc("strata train options");
   desc.add_options()("help,h", "show this help")(
       "config", po::value(&config_path)->value_name("FILE"),
       "DeepSpeed-style ds_config.json with strata's model/data/trainer sections (default: the small built-in GPT)")(
       "data", po::value(&data)->value_name("PATH"), "training data: a text file or an llm.c/nanoGPT token file")(
-      "steps", po::value(&steps)->value_name("N"), "optimizer steps to train (default: trainer.steps, 40)")(
+      "steps", po::value(&steps)->value_name("N"), steps_help.c_str())(
       "save", po::value(&save)->value_name("DIR"), "write checkpoints under DIR (at the end, and every --save-every)")(
       "save-every", po::value(&save_every)->value_name("N"), "steps between checkpoints")(
       "resume", po::value(&resume)->value_name("DIR"), "continue from a checkpoint (a step directory or a --save DIR)")(

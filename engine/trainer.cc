@@ -54,62 +54,6 @@ namespace {
 
 int64_t TotalSteps(const TrainOptions& o) { return o.steps >= 0 ? o.steps : o.config.trainer.steps; }
 
-Result<optim::LrSchedule> MakeLrSchedule(const Config& c, int64_t total_steps) {
-  const auto& p = c.scheduler.params;
-  auto num = [&](const char* k, double def) { return p.count(k) ? p.at(k).get<double>() : def; };
-  auto integer = [&](const char* k, int64_t def) {
-    return p.count(k) ? static_cast<int64_t>(p.at(k).get<double>()) : def;
-  };
-  auto wtype = [&]() -> Result<optim::WarmupType> {
-    return optim::ParseWarmupType(p.count("warmup_type") ? p.at("warmup_type").get<std::string>() : "log");
-  };
-  const std::string& t = c.scheduler.type;
-  Result<optim::LrSchedule> r = InvalidArgument("scheduler");
-  if (t.empty()) {
-    r = optim::LrSchedule::Constant(c.optimizer.lr);
-  } else if (t == "WarmupLR") {
-    optim::WarmupLRParams w;
-    w.warmup_min_lr = num("warmup_min_lr", 0);
-    if (p.count("warmup_max_lr")) w.warmup_max_lr = num("warmup_max_lr", 0);
-    w.warmup_num_steps = integer("warmup_num_steps", 1000);
-    ASSIGN_OR_RETURN(w.warmup_type, wtype());
-    r = optim::LrSchedule::WarmupLR(w, c.optimizer.lr);
-  } else if (t == "WarmupDecayLR") {
-    optim::WarmupDecayLRParams w;
-    w.total_num_steps = integer("total_num_steps", total_steps);
-    w.warmup_min_lr = num("warmup_min_lr", 0);
-    w.warmup_max_lr = num("warmup_max_lr", 0.001);
-    w.warmup_num_steps = integer("warmup_num_steps", 1000);
-    ASSIGN_OR_RETURN(w.warmup_type, wtype());
-    r = optim::LrSchedule::WarmupDecayLR(w);
-  } else if (t == "WarmupCosineLR") {
-    optim::WarmupCosineLRParams w;
-    w.total_num_steps = integer("total_num_steps", total_steps);
-    w.warmup_min_ratio = num("warmup_min_ratio", 0);
-    w.warmup_num_steps = integer("warmup_num_steps", 1000);
-    w.cos_min_ratio = num("cos_min_ratio", 0.0001);
-    ASSIGN_OR_RETURN(w.warmup_type, wtype());
-    r = optim::LrSchedule::WarmupCosineLR(w, c.optimizer.lr);
-  } else if (t == "OneCycle") {
-    optim::OneCycleParams o;
-    o.cycle_min_lr = num("cycle_min_lr", 0);
-    o.cycle_max_lr = num("cycle_max_lr", 0);
-    o.decay_lr_rate = num("decay_lr_rate", 0);
-    o.cycle_first_step_size = integer("cycle_first_step_size", 2000);
-    if (p.count("cycle_second_step_size")) o.cycle_second_step_size = integer("cycle_second_step_size", 0);
-    o.decay_step_size = integer("decay_step_size", 0);
-    o.cycle_momentum = p.count("cycle_momentum") ? p.at("cycle_momentum").get<bool>() : true;
-    o.cycle_min_mom = num("cycle_min_mom", 0.8);
-    o.cycle_max_mom = num("cycle_max_mom", 0.9);
-    o.decay_mom_rate = num("decay_mom_rate", 0);
-    r = optim::LrSchedule::OneCycle(o);
-  } else {
-    return InvalidArgument(c.source + ": scheduler.type \"" + t + "\" is not implemented");
-  }
-  if (!r.ok()) return r.status().WithContext(c.source + ": scheduler (" + t + ")");
-  return r;
-}
-
 Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
   if (o.backend == "cpu") return kernels::MakeCpuBackend(o.cpu_threads);
   if (o.backend == "cuda") return kernels::MakeCudaBackend(0);
@@ -276,7 +220,8 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(adam, optim::CpuAdam::Create(ao));
   ASSIGN_OR_RETURN(optim::LossScaler ls, MakeLossScaler(c));
   scaler.emplace(ls);
-  ASSIGN_OR_RETURN(optim::LrSchedule sched, MakeLrSchedule(c, TotalSteps(opt)));
+  ASSIGN_OR_RETURN(optim::LrSchedule sched, optim::MakeLrSchedule(c.scheduler.type, c.scheduler.params,
+                                                                  c.optimizer.lr, TotalSteps(opt), c.source));
   schedule.emplace(sched);
   ASSIGN_OR_RETURN(data, DataLoader::Open(c.data, opt.default_data, static_cast<int>(spec.vocab_size),
                                           static_cast<int>(c.micro_batch), static_cast<int>(c.model.seq_len)));

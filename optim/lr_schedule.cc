@@ -65,9 +65,17 @@ std::string_view LrScheduleTypeName(LrScheduleType t) {
 }
 
 Result<WarmupType> ParseWarmupType(std::string_view name) {
-  if (name == "log") return WarmupType::kLog;
-  if (name == "linear") return WarmupType::kLinear;
+  for (WarmupType t : {WarmupType::kLog, WarmupType::kLinear})
+    if (name == WarmupTypeName(t)) return t;
   return InvalidArgument("unknown warmup_type '" + std::string(name) + "' (allowed: log, linear)");
+}
+
+std::string_view WarmupTypeName(WarmupType t) {
+  switch (t) {
+    case WarmupType::kLog: return "log";
+    case WarmupType::kLinear: return "linear";
+  }
+  return "?";
 }
 
 Status WarmupLRParams::Validate() const {

@@ -1,9 +1,10 @@
 // Learning-rate schedules by DeepSpeed's names and parameters
 // (deepspeed/runtime/lr_schedules.py): WarmupLR, WarmupDecayLR,
 // WarmupCosineLR, OneCycle, plus a constant rate. Each takes its parameters
-// from a small struct (the engine fills it from the config's
-// "scheduler": {"type": ..., "params": {...}}) with a Validate() that names
-// the parameter and the rule.
+// from a small struct whose initializers are DeepSpeed's defaults, with a
+// Validate() that names the parameter and the rule. The config's
+// "scheduler": {"type": ..., "params": {...}} reaches them through
+// optim/lr_schedule_spec.h (the table of types and parameters).
 //
 // Time is DeepSpeed's `last_batch_iteration` (it): the scheduler's
 // constructor runs with it = -1 and sets the optimizer's lr (and, for
@@ -64,6 +65,7 @@ std::string_view LrScheduleTypeName(LrScheduleType t);
 // "log", "linear" (DeepSpeed falls back to log on anything else with a
 // warning; a typo is an error here).
 Result<WarmupType> ParseWarmupType(std::string_view name);
+std::string_view WarmupTypeName(WarmupType t);
 
 struct WarmupLRParams {
   double warmup_min_lr = 0.0;

@@ -2,6 +2,7 @@
 
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "tests/test_util.h"
 
@@ -56,7 +57,7 @@ TEST(Config, ReadsARealZero3OffloadConfig) {
   EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
   EXPECT_TRUE(c.optimizer.adam_w_mode);
   EXPECT_EQ(c.scheduler.type, "WarmupCosineLR");
-  EXPECT_EQ(c.scheduler.params.at("total_num_steps"), 1000);
+  EXPECT_EQ(c.scheduler.params.at("total_num_steps"), optim::LrParamValue(int64_t{1000}));
   EXPECT_EQ(c.zero.offload_optimizer.device, "nvme");
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
   EXPECT_TRUE(c.zero.offload_optimizer.pipeline_read);
@@ -228,8 +229,259 @@ TEST(Config, JsonRoundTrip) {
   EXPECT_EQ(ConfigToJson(b), j);
   EXPECT_EQ(b.grad_accum, 8);
   EXPECT_FALSE(b.optimizer.adam_w_mode);
-  EXPECT_EQ(b.scheduler.params.at("warmup_type"), "linear");
+  EXPECT_EQ(b.scheduler.params.at("warmup_type"), optim::LrParamValue(std::string("linear")));
   EXPECT_EQ(b.zero.offload_optimizer.nvme_path, "/x");
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// A valid config with every field away from its default (bf16: with fp16
+// enabled it would be an error; the test flips the two).
+Config EveryFieldSet() {
+  Config c;
+  c.source = "every-field";
+  c.world_size = 2;
+  c.train_batch_size = 30;
+  c.micro_batch = 3;
+  c.grad_accum = 5;
+  c.fp16.enabled = true;
+  c.fp16.loss_scale = 128;
+  c.fp16.initial_scale_power = 12;
+  c.fp16.loss_scale_window = 500;
+  c.fp16.hysteresis = 3;
+  c.fp16.consecutive_hysteresis = true;
+  c.fp16.min_loss_scale = 0.5;
+  c.optimizer.type = "Adam";
+  c.optimizer.lr = 2e-4;
+  c.optimizer.beta1 = 0.8;
+  c.optimizer.beta2 = 0.99;
+  c.optimizer.eps = 1e-6;
+  c.optimizer.weight_decay = 0.01;
+  c.optimizer.adam_w_mode = false;
+  c.optimizer.bias_correction = false;
+  c.scheduler.type = "OneCycle";
+  c.scheduler.params = {{"cycle_min_lr", 1e-5},
+                        {"cycle_max_lr", int64_t{1}},
+                        {"decay_lr_rate", 0.5},
+                        {"cycle_first_step_size", int64_t{100}},
+                        {"cycle_second_step_size", 50.5},
+                        {"cycle_first_stair_count", int64_t{1}},
+                        {"cycle_second_stair_count", int64_t{2}},
+                        {"decay_step_size", int64_t{10}},
+                        {"cycle_momentum", false},
+                        {"cycle_min_mom", 0.7},
+                        {"cycle_max_mom", 0.85},
+                        {"decay_mom_rate", 0.1},
+                        {"last_batch_iteration", uint64_t{10'000'000'000'000'000'000u}}};
+  c.gradient_clipping = 0.5;
+  c.zero.stage = 2;
+  c.zero.offload_param.device = "cpu";
+  c.zero.offload_param.nvme_path = "/p";
+  c.zero.offload_param.pin_memory = false;
+  c.zero.offload_param.buffer_count = 6;
+  c.zero.offload_param.buffer_size = 200'000'000;
+  c.zero.offload_param.max_in_cpu = 2'000'000'000;
+  c.zero.offload_optimizer.device = "nvme";
+  c.zero.offload_optimizer.nvme_path = "/o";
+  c.zero.offload_optimizer.pin_memory = false;
+  c.zero.offload_optimizer.buffer_count = 7;
+  c.zero.offload_optimizer.pipeline_read = true;
+  c.zero.offload_optimizer.pipeline_write = true;
+  c.zero.offload_optimizer.ratio = 0.25;
+  c.zero.overlap_comm = false;
+  c.zero.reduce_bucket_size = 1;
+  c.zero.allgather_bucket_size = 2;
+  c.zero.prefetch_bucket_size = 3;
+  c.zero.max_live_parameters = 4;
+  c.zero.max_reuse_distance = 5;
+  c.zero.param_persistence_threshold = 6;
+  c.zero.sub_group_size = 7;
+  c.activation_checkpointing.partition_activations = true;
+  c.activation_checkpointing.cpu_checkpointing = true;
+  c.activation_checkpointing.number_checkpoints = 2;
+  c.aio.block_size = 8192;
+  c.aio.queue_depth = 16;
+  c.aio.intra_op_parallelism = 2;
+  c.aio.single_submit = true;
+  c.aio.overlap_events = false;
+  c.steps_per_print = 7;
+  c.wall_clock_breakdown = true;
+  c.model.n_layer = 2;
+  c.model.n_embd = 96;
+  c.model.n_head = 3;
+  c.model.vocab_size = 1000;
+  c.model.seq_len = 64;
+  c.data.path = "a.bin";
+  c.data.format = "tokens";
+  c.data.val_path = "b.bin";
+  c.data.val_fraction = 0.1;
+  c.data.sampling = "sequential";
+  c.data.seed = 9;
+  c.trainer.steps = 11;
+  c.trainer.seed = 12;
+  c.trainer.eval_interval = 3;
+  c.trainer.eval_batches = 2;
+  c.trainer.gpu_assisted_optimizer = "off";
+  c.trainer.schedule = "micro-batch-major";
+  return c;
+}
+
+// Every value in `defaults` (what ConfigToJson writes for Config{}) has a
+// counterpart in `j` that differs, but those at the paths in `same`.
+void ExpectEveryValueDiffers(const json& j, const json& defaults, const std::string& path,
+                             const std::set<std::string>& same) {
+  ASSERT_EQ(j.type(), defaults.type()) << path;
+  if (defaults.is_object()) {
+    for (auto it = defaults.begin(); it != defaults.end(); ++it) {
+      ASSERT_TRUE(j.contains(it.key())) << path << "." << it.key();
+      ExpectEveryValueDiffers(j[it.key()], it.value(), path.empty() ? it.key() : path + "." + it.key(), same);
+    }
+  } else if (defaults.is_array()) {
+    ASSERT_EQ(j.size(), defaults.size()) << path;
+    for (size_t i = 0; i < j.size(); ++i) ExpectEveryValueDiffers(j[i], defaults[i], path + "." + std::to_string(i), same);
+  } else if (!same.count(path)) {
+    EXPECT_NE(j, defaults) << path << " has its default value";
+  }
+}
+
+// What ConfigToJson writes, ParseConfig reads back: field by field (Config's
+// operator== compares every member), from a config with every field away
+// from its default.
+TEST(Config, EveryFieldRoundTripsThroughJson) {
+  for (bool bf16 : {false, true}) {
+    SCOPED_TRACE(bf16 ? "bf16" : "fp16");
+    Config c = EveryFieldSet();
+    if (bf16) {
+      c.fp16.enabled = false;
+      c.bf16 = true;
+    }
+    const json j = ConfigToJson(c);
+    ExpectEveryValueDiffers(j, ConfigToJson(Config{}), "", {bf16 ? "fp16.enabled" : "bf16.enabled"});
+    ASSERT_TRUE(j.contains("scheduler"));  // absent by default (the constant lr)
+    for (const optim::LrParamSpec& p : optim::FindLrScheduleSpec("OneCycle")->params)
+      EXPECT_TRUE(j["scheduler"]["params"].contains(p.name)) << p.name;
+
+    std::vector<std::string> w;
+    ASSERT_OK_AND_ASSIGN(Config back, ParseConfig(j, c.source, c.world_size, &w));
+    EXPECT_EQ(ConfigToJson(back).dump(1), j.dump(1));
+    EXPECT_EQ(back.source, c.source);
+    EXPECT_EQ(back.world_size, c.world_size);
+    EXPECT_EQ(back.train_batch_size, c.train_batch_size);
+    EXPECT_EQ(back.micro_batch, c.micro_batch);
+    EXPECT_EQ(back.grad_accum, c.grad_accum);
+    EXPECT_TRUE(back.fp16 == c.fp16);
+    EXPECT_EQ(back.bf16, c.bf16);
+    EXPECT_TRUE(back.optimizer == c.optimizer);
+    EXPECT_TRUE(back.scheduler == c.scheduler);
+    EXPECT_EQ(back.gradient_clipping, c.gradient_clipping);
+    EXPECT_TRUE(back.zero.offload_param == c.zero.offload_param);
+    EXPECT_TRUE(back.zero.offload_optimizer == c.zero.offload_optimizer);
+    EXPECT_TRUE(back.zero == c.zero);
+    EXPECT_TRUE(back.activation_checkpointing == c.activation_checkpointing);
+    EXPECT_TRUE(back.aio == c.aio);
+    EXPECT_EQ(back.steps_per_print, c.steps_per_print);
+    EXPECT_EQ(back.wall_clock_breakdown, c.wall_clock_breakdown);
+    EXPECT_TRUE(back.model == c.model);
+    EXPECT_TRUE(back.data == c.data);
+    EXPECT_TRUE(back.trainer == c.trainer);
+    EXPECT_TRUE(back == c);
+    // The tuned ZeRO knobs are the one warning.
+    ASSERT_EQ(w.size(), 1u);
+    EXPECT_THAT(w[0], HasSubstr("accepted, no effect in strata"));
+  }
+}
+
+// Each scheduler type with every parameter given (kinds only matter here)
+// round-trips, and a number keeps the kind it was written with.
+TEST(Config, SchedulerParamsRoundTripAsWritten) {
+  for (const optim::LrScheduleSpec& spec : optim::LrScheduleSpecs()) {
+    SCOPED_TRACE(std::string(spec.name));
+    Config c;
+    c.scheduler.type = std::string(spec.name);
+    int i = 0;
+    for (const optim::LrParamSpec& p : spec.params) {
+      optim::LrParamValue& v = c.scheduler.params[std::string(p.name)];
+      switch (p.kind) {
+        case optim::LrParamKind::kNumber: v = ++i % 2 ? optim::LrParamValue(0.25 * i) : int64_t{i}; break;
+        case optim::LrParamKind::kSteps: v = ++i % 2 ? optim::LrParamValue(int64_t{100 * i}) : 12.5 * i; break;
+        case optim::LrParamKind::kBool: v = false; break;
+        case optim::LrParamKind::kWarmupType: v = std::string("linear"); break;
+      }
+    }
+    ASSERT_OK_AND_ASSIGN(Config back, ParseConfig(ConfigToJson(c), "rt", 1, nullptr));
+    EXPECT_TRUE(back.scheduler == c.scheduler);
+    EXPECT_EQ(ConfigToJson(back), ConfigToJson(c));
+  }
+  ASSERT_OK_AND_ASSIGN(Config c, Parse(R"({"scheduler": {"type": "WarmupLR", "params": {"warmup_num_steps": 10,
+      "warmup_min_lr": 0.0, "warmup_max_lr": 5e2, "last_batch_iteration": 10000000000000000000}}})"));
+  EXPECT_EQ(c.scheduler.params.at("warmup_num_steps"), optim::LrParamValue(int64_t{10}));
+  EXPECT_EQ(c.scheduler.params.at("warmup_max_lr"), optim::LrParamValue(500.0));
+  EXPECT_EQ(ConfigToJson(c)["scheduler"].dump(),
+            R"({"params":{"last_batch_iteration":10000000000000000000,"warmup_max_lr":500.0,"warmup_min_lr":0.0,)"
+            R"("warmup_num_steps":10},"type":"WarmupLR"})");
+}
+
+TEST(Config, MissingRequiredSchedulerParamIsAnErrorNamingIt) {
+  const std::map<std::string, std::vector<std::string>> required = {
+      {"WarmupLR", {}},
+      {"WarmupDecayLR", {"total_num_steps"}},
+      {"WarmupCosineLR", {"total_num_steps"}},
+      {"OneCycle", {"cycle_min_lr", "cycle_max_lr"}},
+  };
+  for (const auto& [type, names] : required) {
+    json all = json::object();
+    for (const auto& n : names) all[n] = 5000;
+    EXPECT_OK(ParseConfig({{"scheduler", {{"type", type}, {"params", all}}}}, "ds.json", 1, nullptr).status()) << type;
+    for (const auto& n : names) {
+      json params = all;
+      params.erase(n);
+      EXPECT_EQ(Err(json{{"scheduler", {{"type", type}, {"params", params}}}}.dump()),
+                "ds.json: scheduler.params." + n + ": required for scheduler " + type);
+    }
+  }
+  EXPECT_EQ(Err(R"({"scheduler": {"type": "OneCycle"}})"),
+            "ds.json: scheduler.params.cycle_min_lr: required for scheduler OneCycle");  // the first, in table order
+}
+
+// DefaultConfig() is the struct defaults under its own name, and so is an
+// empty config file: neither has a copy of the defaults of its own.
+TEST(Config, DefaultConfigIsTheStructDefaults) {
+  Config d = DefaultConfig();
+  EXPECT_EQ(d.source, "(built-in default)");  // the one deliberate difference
+  d.source = Config{}.source;
+  EXPECT_TRUE(d == Config{});
+  EXPECT_EQ(ConfigToJson(DefaultConfig()), ConfigToJson(Config{}));
+  ASSERT_OK_AND_ASSIGN(Config e, Parse("{}"));
+  EXPECT_EQ(e.source, "ds.json");
+  e.source = Config{}.source;
+  EXPECT_TRUE(e == Config{});
+}
+
+// The defaults that are not DeepSpeed's, as they are (config.h says why).
+TEST(Config, DefaultsThatAreNotDeepSpeeds) {
+  const Config c;
+  EXPECT_EQ(c.micro_batch, 8);  // DeepSpeed requires a batch size
+  EXPECT_EQ(c.grad_accum, 1);
+  EXPECT_EQ(c.train_batch_size, 8);
+  EXPECT_EQ(c.optimizer.beta2, 0.95);  // DeepSpeed: 0.999
+  EXPECT_EQ(c.optimizer.weight_decay, 0.1);  // DeepSpeed: 0
+  EXPECT_EQ(c.gradient_clipping, 1.0);  // DeepSpeed: 0
+  EXPECT_EQ(c.steps_per_print, 5);  // DeepSpeed: 10
+}
+
+// configs/default.json writes out the built-in demo (with the corpus's path).
+TEST(Config, DefaultJsonIsTheBuiltInDemo) {
+  ASSERT_OK_AND_ASSIGN(Config c, LoadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/default.json", 1, nullptr));
+  EXPECT_EQ(c.data.path, "data/kjv.txt");
+  Config d = DefaultConfig();
+  d.source = c.source;
+  d.data.path = c.data.path;
+  EXPECT_EQ(ConfigToJson(c), ConfigToJson(d));
+  EXPECT_TRUE(c == d);
 }
 
 }  // namespace

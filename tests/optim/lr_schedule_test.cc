@@ -156,6 +156,12 @@ TEST(LrSchedule, NamesParse) {
   EXPECT_THAT(ParseWarmupType("cosine"), StatusIs(StatusCode::kInvalidArgument));
 }
 
+TEST(LrSchedule, WarmupTypeNamesParseBack) {
+  for (WarmupType t : {WarmupType::kLog, WarmupType::kLinear}) EXPECT_EQ(Value(ParseWarmupType(WarmupTypeName(t))), t);
+  EXPECT_EQ(WarmupTypeName(WarmupType::kLog), "log");
+  EXPECT_EQ(WarmupTypeName(WarmupType::kLinear), "linear");
+}
+
 TEST(LrSchedule, ValidationNamesTheParameter) {
   auto expect = [](Status s, const char* key) {
     EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument)) << key;
