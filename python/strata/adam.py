@@ -17,7 +17,7 @@ on different shards (ctypes releases the GIL during the call).
 import ctypes
 import collections
 
-from . import _buffers, _lib, errors
+from . import _buffers, _handle, _lib, errors
 from .errors import call
 
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4}
@@ -84,7 +84,7 @@ def _dtype(buf, given, what, allowed, raw_default=None):
     return name
 
 
-class CpuAdam(_lib.Handle):
+class CpuAdam(_handle.Handle):
     """The CPU Adam engine (a thread pool; it holds no optimizer state).
     threads 0: all hardware threads. isa: "auto", "scalar", "avx2",
     "avx512", "avx512bf16". None for an option: the C default. close() (or
