@@ -77,8 +77,7 @@ def _dtype(buf, given, what, allowed, raw_default=None):
             name = raw_default
         elif name not in allowed:
             raise errors.InvalidArgumentError(
-                "%s: its buffer format (%s) does not say one of %s; pass %s_dtype"
-                % (what, buf.view.format if buf.view is not None else "?", ", ".join(allowed), what))
+                "%s: %s does not say one of %s; pass %s_dtype" % (what, buf.described, ", ".join(allowed), what))
     if name not in allowed:
         raise errors.InvalidArgumentError("%s dtype %s is not one of %s" % (what, name, ", ".join(allowed)))
     return name
