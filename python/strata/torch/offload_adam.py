@@ -272,9 +272,10 @@ class OffloadAdam(torch.optim.Optimizer):
                 stats = self._adam.grad_stats(g.contiguous())
                 sum_sq += stats.sum_sq
                 nonfinite += stats.nonfinite
-        if cuda_norms:
-            norms = torch.stack([n.to("cpu", torch.float64) for n in cuda_norms])
-            sum_sq += float((norms * norms).sum())
+        if cuda_norms:  # one copy down (per device), not one per gradient
+            for device in {n.device for n in cuda_norms}:
+                norms = torch.stack([n for n in cuda_norms if n.device == device]).to("cpu", torch.float64)
+                sum_sq += float((norms * norms).sum())
         return math.inf if nonfinite else math.sqrt(sum_sq)
 
     @property
