@@ -6,12 +6,17 @@ JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 STRATA_RUN_ARGS ?=
 
-.PHONY: all deps configure build test test-gpu run bench clean
+.PHONY: all deps python-env configure build test test-gpu run bench clean
 
 all: build
 
 deps:
 	@./scripts/install-deps.sh
+
+# What the Python tests need beyond Debian's packages: a venv over the Python
+# with torch and the wheels pip builds strata with (scripts/python-env.sh).
+python-env: deps
+	@./scripts/python-env.sh $(BUILD)
 
 $(BUILD)/build.ninja:
 	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
@@ -22,7 +27,7 @@ build: deps configure
 	cmake --build $(BUILD) -j $(JOBS)
 
 # Everything but the tests that need a GPU (label gpu).
-test: build
+test: build python-env
 	ctest --test-dir $(BUILD) -LE gpu --output-on-failure -j $(JOBS)
 
 # On a machine with a GPU: only the GPU tests.

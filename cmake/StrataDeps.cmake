@@ -19,13 +19,15 @@ function(strata_library name)
   cmake_parse_arguments(A "" "" "SOURCES;PUBLIC;PRIVATE" ${ARGN})
   if(NOT A_SOURCES)  # a folder with no code yet: headers and links only
     add_library(${name} INTERFACE)
-    target_include_directories(${name} INTERFACE ${PROJECT_SOURCE_DIR})
+    strata_target_includes(${name} INTERFACE)
     target_link_libraries(${name} INTERFACE ${A_PUBLIC})
     return()
   endif()
   add_library(${name} STATIC ${A_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR})
-  target_link_libraries(${name} PUBLIC ${A_PUBLIC} PRIVATE strata_warnings ${A_PRIVATE})
+  strata_target_includes(${name} PUBLIC)  # cmake/StrataInstall.cmake
+  # (strata_warnings is the build's own: an installed static library names
+  # its private links, and that one is not exported.)
+  target_link_libraries(${name} PUBLIC ${A_PUBLIC} PRIVATE $<BUILD_INTERFACE:strata_warnings> ${A_PRIVATE})
   if(STRATA_WITH_CUDA)
     target_compile_definitions(${name} PUBLIC STRATA_WITH_CUDA=1)
   else()

@@ -6,7 +6,13 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libhwloc-dev libtbb-dev libeigen3-dev libboost-program-options-dev
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      python3)  # the Python package's tests and example (python/, examples/python/)
+      python3 python3-venv)  # the Python package's tests and example (python/, examples/python/)
+# strata.torch's tests (python/tests/test_torch.py) need torch: Debian's
+# python3-torch, unless a Python here has it already (as where it comes
+# with the machine).
+if ! python3 -c 'import torch' 2>/dev/null && ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  pkgs+=(python3-torch)
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")

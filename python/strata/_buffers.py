@@ -1,5 +1,7 @@
 """Caller memory for the C calls: anything with the buffer protocol
-(bytes, bytearray, memoryview, array.array, numpy arrays, ...), C-contiguous."""
+(bytes, bytearray, memoryview, array.array, numpy arrays, ...), C-contiguous,
+and CPU torch tensors (by their storage's address: data_ptr(); torch is not
+imported here)."""
 
 import ctypes
 
@@ -15,6 +17,14 @@ _ALIASES = {"float32": "f32", "float": "f32", "float16": "f16", "half": "f16", "
             "int16": "i16", "uint16": "u16", "int8": "i8", "uint8": "u8"}
 _FLOAT_FORMATS = {"f": "f32", "e": "f16", "d": "f64"}
 _INT_FORMATS = {("b", 1): "i8", ("B", 1): "u8", ("h", 2): "i16", ("H", 2): "u16"}
+_TORCH_DTYPES = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float64": "f64",
+                 "torch.int64": "i64", "torch.int32": "i32", "torch.int16": "i16", "torch.int8": "i8",
+                 "torch.uint8": "u8"}
+
+
+def is_tensor(obj):
+    """True for a torch.Tensor (duck-typed: strata does not import torch)."""
+    return all(hasattr(obj, a) for a in ("data_ptr", "element_size", "is_contiguous", "device"))
 
 
 def dtype_code(dtype):
@@ -48,6 +58,9 @@ class Buffer:
     it). Keep the Buffer alive until the call returns."""
 
     def __init__(self, obj, writable, what="buffer"):
+        if is_tensor(obj):
+            self._init_tensor(obj, what)
+            return
         try:
             mv = memoryview(obj)
         except TypeError:
@@ -57,6 +70,7 @@ class Buffer:
         self.view = mv
         self.nbytes = mv.nbytes
         self.format_dtype = format_dtype(mv)
+        self.described = "its buffer format (%s)" % mv.format
         self._keep = None
         if self.nbytes == 0:
             self.address = None
@@ -71,6 +85,22 @@ class Buffer:
             mv = memoryview(bytearray(mv.cast("B")))
         self._keep = (ctypes.c_char * self.nbytes).from_buffer(mv.cast("B"))
         self.address = ctypes.addressof(self._keep)
+
+    def _init_tensor(self, t, what):
+        """A CPU tensor is used in place: its storage, from data_ptr(). The
+        caller keeps it alive and does not resize it during the call."""
+        if t.device.type != "cpu":
+            raise errors.InvalidArgumentError("%s is a tensor on %s; strata reads and writes host memory "
+                                              "(give it a CPU tensor)" % (what, t.device))
+        if not t.is_contiguous():
+            raise errors.InvalidArgumentError("%s is a non-contiguous tensor (shape %s, stride %s)"
+                                              % (what, tuple(t.shape), t.stride()))
+        self.view = None
+        self.nbytes = t.numel() * t.element_size()
+        self.format_dtype = _TORCH_DTYPES.get(str(t.dtype))
+        self.described = "its dtype (%s)" % t.dtype
+        self._keep = t
+        self.address = t.data_ptr() if self.nbytes else None
 
     def release(self):
         """Drops the hold on the caller's object (a bytearray can resize again)."""

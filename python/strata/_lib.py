@@ -247,42 +247,6 @@ _SIGNATURES = {
     "strata_grad_multiplier": (c_int, [c_double, c_double, P(c_double), ERR]),
 }
 
-class Handle:
-    """An owned C handle (self._h) that close() frees; a context manager,
-    closed at garbage collection too. Subclasses define _free(handle) and
-    _what (for the error when used after close)."""
-
-    _h = None
-    _what = "handle"
-
-    def _free(self, h):
-        raise NotImplementedError
-
-    def close(self):
-        if self._h:
-            h, self._h = self._h, None
-            self._free(h)
-
-    def _handle(self):
-        if not self._h:
-            from . import errors
-            raise errors.FailedPreconditionError("the %s is closed" % self._what)
-        return self._h
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        self.close()
-        return False
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # at interpreter exit the module may be half torn down
-            pass
-
-
 _lock = threading.Lock()
 _lib = None
 

@@ -17,7 +17,7 @@ on different shards (ctypes releases the GIL during the call).
 import ctypes
 import collections
 
-from . import _buffers, _lib, errors
+from . import _buffers, _handle, _lib, errors
 from .errors import call
 
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "avx512bf16": 4}
@@ -77,14 +77,13 @@ def _dtype(buf, given, what, allowed, raw_default=None):
             name = raw_default
         elif name not in allowed:
             raise errors.InvalidArgumentError(
-                "%s: its buffer format (%s) does not say one of %s; pass %s_dtype"
-                % (what, buf.view.format if buf.view is not None else "?", ", ".join(allowed), what))
+                "%s: %s does not say one of %s; pass %s_dtype" % (what, buf.described, ", ".join(allowed), what))
     if name not in allowed:
         raise errors.InvalidArgumentError("%s dtype %s is not one of %s" % (what, name, ", ".join(allowed)))
     return name
 
 
-class CpuAdam(_lib.Handle):
+class CpuAdam(_handle.Handle):
     """The CPU Adam engine (a thread pool; it holds no optimizer state).
     threads 0: all hardware threads. isa: "auto", "scalar", "avx2",
     "avx512", "avx512bf16". None for an option: the C default. close() (or

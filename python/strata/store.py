@@ -17,7 +17,7 @@ on from any thread, also after the store is closed.
 
 import ctypes
 
-from . import _buffers, _lib, errors
+from . import _buffers, _handle, _lib, errors
 from .errors import call
 
 TIERS = {"gpu": 0, "host": 1, "nvme": 2}
@@ -35,7 +35,7 @@ def _tier(tier):
     return TIERS[tier]
 
 
-class Ticket(_lib.Handle):
+class Ticket(_handle.Handle):
     """The handle of one prefetch/evict/flush. wait() blocks and raises the
     move's error; poll() is True when done, False while pending. The C
     ticket is freed by free() or when the object goes away."""
@@ -190,7 +190,7 @@ class Tensor:
         call(_lib.lib().strata_tensor_remove, self.store._handle(), self.id)
 
 
-class TierStore(_lib.Handle):
+class TierStore(_handle.Handle):
     """Opens a store. Keyword options are the fields of strata_store_options
     (tiers/c_api.h) with their C defaults: gpu, gpu_stand_in, gpu_device,
     gpu_budget_bytes, gpu_slab_bytes, host_budget_bytes, host_slab_bytes,
