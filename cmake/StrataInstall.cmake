@@ -5,7 +5,7 @@
 #   lib/libstrata.so*              the C API (base/c_api.h, tiers/c_api.h, optim/c_api.h)
 #   lib/cmake/strata/              the CMake package: find_package(strata) gives
 #                                  strata::base, strata::tiers, strata::swap,
-#                                  strata::kernels, strata::optim, strata::engine
+#                                  strata::kernels, strata::models, strata::optim, strata::engine
 #                                  (each library folder's, named after it) and
 #                                  strata::c (libstrata.so)
 # An embedder includes <strata/tiers/tier_store.h>; the headers include each
