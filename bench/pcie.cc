@@ -50,13 +50,10 @@ struct Config {
 };
 
 #if STRATA_WITH_CUDA
-#define BENCH_CUDA(expr)                                                                      \
-  do {                                                                                        \
-    cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::cerr << "strata-bench pcie: " #expr " failed: " << cudaGetErrorString(e_) << "\n"; \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+#define BENCH_CUDA(expr)                                                    \
+  do {                                                                      \
+    cudaError_t e_ = (expr);                                                \
+    if (e_ != cudaSuccess) Die(Internal(cudaGetErrorString(e_)), #expr);    \
   } while (0)
 #endif
 
