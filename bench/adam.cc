@@ -77,6 +77,7 @@
 #include "base/half.h"
 #include "base/host_memory.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "optim/cpu_adam.h"
 #include "optim/cpu_features.h"
 #include "tiers/host_tier.h"
@@ -762,6 +763,8 @@ int RunAdam(int argc, char** argv) {
 
   tbb::task_arena init_arena(all);
   uint64_t sink = 0;
+  Progress progress("adam", configs.size() * hps.size() * sizes.size() * threads.size() * pins.size() *
+                                tiles.size() * pfs.size() * isas.size());
   for (const Config& cfg : configs) {
     const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
     for (HostHugePages hp : hps) {
@@ -772,6 +775,7 @@ int RunAdam(int argc, char** argv) {
                       std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
           continue;
         }
+        if (StopRequested()) break;
         Shard shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
         // What the kernel gave: the process's AnonHugePages against the
         // shard's bytes (the shard is nearly all of the process's memory).
@@ -786,7 +790,10 @@ int RunAdam(int argc, char** argv) {
                 // The STREAM figures depend on the setup, not on the ISA path.
                 double read = 0, copy = 0, update = 0;
                 for (size_t k = 0; k < isas.size(); ++k) {
+                  if (StopRequested()) break;
                   const Isa isa = isas[k];
+                  progress.Next(CountName(n) + " params, " + std::to_string(t) + " threads, " +
+                                std::string(optim::IsaName(isa)));
                   optim::CpuAdam::Options o;
                   o.isa = isa;
                   o.threads = t;
@@ -873,9 +880,10 @@ int RunAdam(int argc, char** argv) {
   if (out_of_place)
     report.Note("out of place: each pass (Adam and roof) reads master/m/v from one set and streams the new ones into "
                 "a second, the sets alternating; the same bytes per parameter as in place (no read for ownership)");
+  if (StopRequested()) report.Note("stopped by Ctrl-C: the rows measured so far");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
-  return 0;
+  return StopRequested() ? kStoppedExit : 0;
 }
 
 STRATA_BENCH_COMMAND("adam", "CPU Adam step vs the host memory roof (G params/s, GB/s, ratio)", RunAdam);

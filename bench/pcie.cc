@@ -28,6 +28,7 @@
 #include "base/bytes.h"
 #include "base/device.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "tiers/copy_engine.h"
 
 #if STRATA_WITH_CUDA
@@ -117,7 +118,10 @@ int RunStandIn(const Config& cfg, const std::vector<uint64_t>& sizes, uint64_t p
   auto engine = BENCH_VALUE(CopyEngine::Create(o));
   uint64_t max = *std::max_element(sizes.begin(), sizes.end());
   std::vector<uint8_t> a(max, 1), b(max, 2), c(max, 3), d(max, 4);
+  Progress progress("pcie (stand-in)", sizes.size());
   for (uint64_t size : sizes) {
+    if (StopRequested()) break;
+    progress.Next(FormatBytes(size));
     uint64_t n = std::max<uint64_t>(1, pass_bytes / size);
     double base = MedianRate(cfg.reps, [&] {
       for (uint64_t i = 0; i < n; ++i) std::memcpy(b.data(), a.data(), size);
@@ -189,7 +193,10 @@ int RunCuda(const Config& cfg, const std::vector<uint64_t>& sizes, uint64_t pass
     return last;
   };
   double best_both = 0;
+  Progress progress("pcie", sizes.size());
   for (uint64_t size : sizes) {
+    if (StopRequested()) break;
+    progress.Next(FormatBytes(size));
     const uint64_t n = std::max<uint64_t>(1, pass_bytes / size);
     // Warm up both paths once.
     plain(s1, d_a, h_src, size, 1, cudaMemcpyHostToDevice);
@@ -330,9 +337,10 @@ int RunPcie(int argc, char** argv) {
     rc = RunCuda(cfg, *sizes, *bytes, report);
 #endif
   }
+  if (StopRequested()) report.Note("stopped by Ctrl-C: the sizes measured so far");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
-  return rc;
+  return StopRequested() ? kStoppedExit : rc;
 }
 
 }  // namespace

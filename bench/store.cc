@@ -37,6 +37,7 @@
 #include "base/bytes.h"
 #include "base/device.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "tiers/tier_store.h"
 
 #if STRATA_WITH_CUDA
@@ -242,7 +243,10 @@ int RunStore(int argc, char** argv) {
   raw_nvme(true);  // first touch of the extents, untimed
 
   std::vector<double> s_h2d, s_d2h, s_hn, s_nh, s_ng, s_gn, b_h2d, b_d2h, b_w, b_r;
+  Progress progress("store", static_cast<size_t>(cfg.reps));
   for (int rep = 0; rep < cfg.reps; ++rep) {
+    if (rep > 0 && StopRequested()) break;  // one pass at least: every row has a figure
+    progress.Next("pass " + std::to_string(rep + 1));
     // host -> gpu
     s_h2d.push_back(Rate(set_bytes, timed([&] {
       for (TensorId id : A) tk.push_back(BENCH_VALUE(store->Prefetch(id, TierKind::kGpu)));
@@ -370,6 +374,7 @@ int RunStore(int argc, char** argv) {
               ", write-backs " + std::to_string(st.tiers[0].writebacks) + "; max queue depth " +
               std::to_string(st.max_queue_depth));
   report.Note("target: store bookkeeping < 20 us per call (the per-call rows)");
+  if (StopRequested()) report.Note("stopped by Ctrl-C: the passes measured so far");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
 
@@ -379,7 +384,7 @@ int RunStore(int argc, char** argv) {
 #if STRATA_WITH_CUDA
   if (stream) cudaStreamDestroy(stream);
 #endif
-  return 0;
+  return StopRequested() ? kStoppedExit : 0;
 }
 
 }  // namespace
