@@ -362,16 +362,18 @@ std::string ReportText(const std::vector<ReportLine>& lines) {
 
 nlohmann::json ReportJson(const std::vector<ReportLine>& lines) {
   nlohmann::json j;
-  j["sections"] = nlohmann::json::object();
+  j["sections"] = nlohmann::json::array();
   j["problems"] = nlohmann::json::array();
   for (const auto& l : lines) {
+    if (j["sections"].empty() || j["sections"].back()["name"] != l.section)
+      j["sections"].push_back({{"name", l.section}, {"items", nlohmann::json::array()}});
     nlohmann::json item{{"name", l.name}, {"value", l.value}};
     if (!l.problem.empty()) {
       item["problem"] = l.problem;
       item["fix"] = l.fix;
       j["problems"].push_back({{"section", l.section}, {"name", l.name}, {"problem", l.problem}, {"fix", l.fix}});
     }
-    j["sections"][l.section].push_back(item);
+    j["sections"].back()["items"].push_back(item);
   }
   return j;
 }

@@ -46,7 +46,8 @@ std::vector<ReportLine> CollectReport(const ReportOptions& options);
 // "== section ==" blocks of aligned name/value lines, then "problems (N):"
 // with each problem and its fix (or "problems: none").
 std::string ReportText(const std::vector<ReportLine>& lines);
-// {"sections": {name: [{name, value, problem?, fix?}]}, "problems": [{section, name, problem, fix}]}
+// {"sections": [{"name", "items": [{name, value, problem?, fix?}]}] in report order,
+//  "problems": [{section, name, problem, fix}]}
 nlohmann::json ReportJson(const std::vector<ReportLine>& lines);
 
 // The command line: strata report [--nvme PATH]... [--config FILE] [--json].
