@@ -163,7 +163,9 @@ Status Report::WriteJson(const std::string& path) const {
   return Status::OK();
 }
 
-Status Report::WriteCsv(const std::string& path) const {
+Status Report::WriteCsv(const std::string& path) const { return bench::WriteCsv(rows_, path); }
+
+Status WriteCsv(const std::vector<nlohmann::json>& rows, const std::string& path) {
   if (path.empty()) return Status::OK();
   auto quote = [](const std::string& s) {
     if (s.find_first_of(",\"\n") == std::string::npos) return s;
@@ -171,11 +173,11 @@ Status Report::WriteCsv(const std::string& path) const {
     for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
     return q + "\"";
   };
-  const std::vector<std::string> cols = ReportColumns(rows_);
+  const std::vector<std::string> cols = ReportColumns(rows);
   std::ostringstream os;
   for (size_t i = 0; i < cols.size(); ++i) os << (i ? "," : "") << quote(cols[i]);
   os << "\n";
-  for (const auto& r : rows_) {
+  for (const auto& r : rows) {
     for (size_t i = 0; i < cols.size(); ++i) {
       std::string cell;
       if (r.contains(cols[i])) cell = r[cols[i]].is_string() ? r[cols[i]].get<std::string>() : r[cols[i]].dump();

@@ -124,6 +124,8 @@ class BenchFailure : public std::runtime_error {
 // The column order of Print() and WriteCsv(): the descriptive columns in
 // key order, then value, unit, baseline, baseline_name, ratio.
 std::vector<std::string> ReportColumns(const std::vector<nlohmann::json>& rows);
+// Rows as CSV (Report::WriteCsv; `all` writes its components' rows read back from their JSON).
+Status WriteCsv(const std::vector<nlohmann::json>& rows, const std::string& path);
 // One cell as Print() shows it (numbers rounded to a few digits).
 std::string ReportCell(const nlohmann::json& v);
 

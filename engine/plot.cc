@@ -87,13 +87,13 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
   if (panels.empty()) return InvalidArgument("plot " + png_path + ": no panels");
   std::ostringstream gp;
   gp.precision(9);
-  const int height = 60 + 340 * static_cast<int>(panels.size());
+  const int height = 80 + 400 * static_cast<int>(panels.size());
   gp << "# Drawn by strata (engine/plot.cc): gnuplot " << png_path.substr(png_path.rfind('/') + 1, std::string::npos)
      << "\n# Re-draw with: gnuplot THIS_FILE\n";
-  gp << "set terminal pngcairo size 900," << height << " font \"sans,10\"\n";
+  gp << "set terminal pngcairo noenhanced size 900," << height << " font \"sans,10\"\n";
   gp << "set output " << Quoted(png_path) << "\n";
   gp << "set multiplot layout " << panels.size() << ",1 title " << Quoted(title) << " font \"sans,12\"\n";
-  gp << "set grid\nset key outside right top\nset style data linespoints\n";
+  gp << "set grid\nset key below\nset style data linespoints\n";
   for (size_t p = 0; p < panels.size(); ++p) {
     const PlotPanel& panel = panels[p];
     size_t points = 0;
