@@ -226,11 +226,13 @@ void Bounds(MachineRun* run, const AllOptions& o, bool gpu, const std::vector<Mo
   std::vector<std::string> notes;
   OffloadRates r = RatesFromComponents(*run, &notes);
   run->rate_notes = notes;
-  std::string missing;
-  if (r.h2d_gbs <= 0) missing += " PCIe (pcie)";
-  if (r.adam_params_per_s <= 0) missing += " the CPU Adam (adam)";
-  if (r.compute_flops <= 0) missing += " the compute rate (train)";
-  if (!missing.empty()) {
+  std::vector<std::string> need;
+  if (r.h2d_gbs <= 0) need.push_back("PCIe (pcie)");
+  if (r.adam_params_per_s <= 0) need.push_back("the CPU Adam (adam)");
+  if (r.compute_flops <= 0) need.push_back("the compute rate (train)");
+  if (!need.empty()) {
+    std::string missing;
+    for (size_t i = 0; i < need.size(); ++i) missing += (i ? ", " : " ") + need[i];
     run->bounds_missing = "needs the rates of" + missing + ", which this run did not measure";
     run->rates = r;
     return;

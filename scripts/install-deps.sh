@@ -6,7 +6,8 @@ set -euo pipefail
 pkgs=(build-essential cmake ninja-build pkg-config git
       liburing-dev libhwloc-dev libtbb-dev libeigen3-dev libboost-program-options-dev
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
-      python3)  # the Python package's tests and example (python/, examples/python/)
+      python3       # the Python package's tests and example (python/, examples/python/)
+      gnuplot-nox)  # the charts of strata-bench all and strata plot (engine/plot.h)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q '^install ok installed$' || missing+=("$p")
