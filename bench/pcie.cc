@@ -63,7 +63,9 @@ Result<std::vector<uint64_t>> ParseSizes(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    ASSIGN_OR_RETURN(uint64_t v, ParseBytes(item));
+    Result<uint64_t> r = ParseBytes(item);
+    if (!r.ok()) return r.status().WithContext("--sizes");
+    const uint64_t v = *r;
     if (v == 0) return InvalidArgument("--sizes: 0 is not a size");
     out.push_back(v);
   }
@@ -313,7 +315,8 @@ int RunPcie(int argc, char** argv) {
     return 2;
   }
   auto sizes = ParseSizes(cfg.sizes);
-  auto bytes = ParseBytes(cfg.bytes);
+  Result<uint64_t> bytes = ParseBytes(cfg.bytes);
+  if (!bytes.ok()) bytes = bytes.status().WithContext("--bytes");
   if (!sizes.ok() || !bytes.ok()) {
     std::cerr << "strata-bench pcie: " << (sizes.ok() ? bytes.status() : sizes.status()).ToString() << "\n";
     return 2;

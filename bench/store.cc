@@ -104,8 +104,10 @@ int RunStore(int argc, char** argv) {
     if (cfg.tensor_size == Config{}.tensor_size) cfg.tensor_size = "64MiB";
     if (cfg.reps == Config{}.reps) cfg.reps = 5;
   }
-  auto size_r = ParseBytes(cfg.tensor_size);
-  auto block_r = ParseBytes(cfg.block);
+  Result<uint64_t> size_r = ParseBytes(cfg.tensor_size);
+  if (!size_r.ok()) size_r = size_r.status().WithContext("--tensor-size");
+  Result<uint64_t> block_r = ParseBytes(cfg.block);
+  if (!block_r.ok()) block_r = block_r.status().WithContext("--block");
   if (!size_r.ok() || !block_r.ok() || cfg.tensors < 1 || cfg.reps < 1 || cfg.ops < 1 || cfg.workers < 1) {
     std::cerr << "strata-bench store: bad options: "
               << (!size_r.ok() ? size_r.status().ToString()

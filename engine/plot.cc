@@ -42,14 +42,15 @@ std::string FindOnPath(const char* name) {
   return "";
 }
 
-// Runs `exe script` and waits; what it wrote to stdout and stderr comes back in `output`.
-Status RunTool(const std::string& exe, const std::string& script, std::string* output) {
+// Runs `exe script` in `dir` and waits; what it wrote to stdout and stderr comes back in `output`.
+Status RunTool(const std::string& exe, const std::string& dir, const std::string& script, std::string* output) {
   int fds[2];
   if (::pipe2(fds, O_CLOEXEC) != 0) return ErrnoStatus("pipe for gnuplot");
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDERR_FILENO);
+  posix_spawn_file_actions_addchdir_np(&fa, dir.c_str());
   std::string arg0 = "gnuplot";
   std::string arg1 = script;
   char* argv[] = {arg0.data(), arg1.data(), nullptr};
@@ -70,7 +71,7 @@ Status RunTool(const std::string& exe, const std::string& script, std::string* o
   while (::waitpid(pid, &status, 0) < 0)
     if (errno != EINTR) return ErrnoStatus("waitpid for gnuplot");
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0)
-    return Internal("gnuplot failed on " + script + " (exit status " + std::to_string(WEXITSTATUS(status)) +
+    return Internal("gnuplot failed on " + dir + "/" + script + " (exit status " + std::to_string(WEXITSTATUS(status)) +
                     "): " + *output);
   return Status::OK();
 }
@@ -88,10 +89,15 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
   std::ostringstream gp;
   gp.precision(9);
   const int height = 80 + 400 * static_cast<int>(panels.size());
-  gp << "# Drawn by strata (engine/plot.cc): gnuplot " << png_path.substr(png_path.rfind('/') + 1, std::string::npos)
-     << "\n# Re-draw with: gnuplot THIS_FILE\n";
+  // The output is named relative to the script's directory (gnuplot runs
+  // there), so the script redraws the chart wherever the files are copied.
+  const size_t slash = png_path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : png_path.substr(0, slash);
+  const std::string png_name = png_path.substr(slash == std::string::npos ? 0 : slash + 1);
+  gp << "# Drawn by strata (engine/plot.cc). Redraw " << png_name << " with: cd to this directory; gnuplot "
+     << png_name.substr(0, png_name.size() > 4 ? png_name.size() - 4 : png_name.size()) << ".gp\n";
   gp << "set terminal pngcairo noenhanced size 900," << height << " font \"sans,10\"\n";
-  gp << "set output " << Quoted(png_path) << "\n";
+  gp << "set output " << Quoted(png_name) << "\n";
   gp << "set multiplot layout " << panels.size() << ",1 title " << Quoted(title) << " font \"sans,12\"\n";
   gp << "set grid\nset key below\nset style data linespoints\n";
   for (size_t p = 0; p < panels.size(); ++p) {
@@ -148,7 +154,7 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
     return Unavailable("gnuplot is not on PATH, so " + png_path + " was not drawn (its script " + script +
                        " was written: run gnuplot on it once installed): " + kPlotInstallHint);
   std::string output;
-  return RunTool(exe, script, &output);
+  return RunTool(exe, dir, script.substr(slash == std::string::npos ? 0 : slash + 1), &output);
 }
 
 }  // namespace strata

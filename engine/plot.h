@@ -4,8 +4,10 @@
 // WritePlot writes the gnuplot script, data inline, beside the PNG (same
 // name, .gp) and runs `gnuplot` on it: the script is what to edit to
 // restyle a chart, and is written even when gnuplot is missing, so
-// `gnuplot FILE.gp` after installing it draws the same chart. Panels are
-// stacked top to bottom in one image.
+// `gnuplot FILE.gp` in its directory after installing it draws the same
+// chart (the script names its PNG relative to its own directory, so the
+// pair can be copied elsewhere and redrawn). Panels are stacked top to
+// bottom in one image.
 //
 // Thread-safety: free functions; each call spawns its own gnuplot.
 #pragma once
