@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
 #endif
   auto usage = [&](std::ostream& os) {
     os << "usage: strata-bench <command> [options]   (strata-bench <command> --help)\n\ncommands:\n";
-    for (const auto& c : Commands()) os << "  " << c.name << std::string(10 - std::min<size_t>(9, std::strlen(c.name)), ' ') << c.summary << "\n";
+    for (const auto& c : Commands()) os << "  " << c.name << std::string(11 - std::min<size_t>(10, std::strlen(c.name)), ' ') << c.summary << "\n";
   };
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     usage(argc < 2 ? std::cerr : std::cout);
