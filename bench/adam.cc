@@ -77,6 +77,7 @@
 #include "base/half.h"
 #include "base/host_memory.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "optim/cpu_adam.h"
 #include "optim/cpu_features.h"
 #include "tiers/host_tier.h"
@@ -679,185 +680,207 @@ int RunAdam(int argc, char** argv) {
   int rc = 0;
   if (!ParseOptions(argc, argv, desc, &rc)) return rc;
 
-  const int all = tbb::info::default_concurrency();
-  std::vector<size_t> sizes;
-  std::vector<int> threads;
-  std::vector<Config> configs;
-  if (common.full) {
-    if (sizes_s == "1M,16M,64M") sizes_s = "1M,4M,16M,64M,256M,1G";
-    if (threads_s.empty())
-      for (int t = 1; t < all; t *= 2) threads.push_back(t);
-    if (configs_s.empty()) configs_s = {"f16:f32:f16", "f32:f32:none", "bf16:f32:bf16", "bf16:bf16:bf16"};
-  }
-  for (const auto& s : SplitComma(sizes_s)) sizes.push_back(BENCH_VALUE(ParseCount(s)));
-  if (threads_s.empty()) {
-    threads.push_back(1);
-    threads.push_back(all);
-  } else {
-    for (const auto& t : SplitComma(threads_s)) threads.push_back(t == "all" ? all : std::max(1, std::atoi(t.c_str())));
-  }
-  if (common.full && threads_s.empty()) threads.push_back(all);
-  std::sort(threads.begin(), threads.end());
-  threads.erase(std::unique(threads.begin(), threads.end()), threads.end());
-  if (configs_s.empty()) configs_s = {"f16:f32:f16"};
-  for (const auto& c : configs_s) configs.push_back(BENCH_VALUE(ParseConfig(c)));
-  std::vector<Isa> isas;
-  if (isa_s == "all") {
-    isas = optim::SupportedIsas();
-  } else {
-    for (const auto& name : SplitComma(isa_s)) {
-      Isa isa = BENCH_VALUE(optim::ParseIsa(name));
-      isas.push_back(BENCH_VALUE(optim::ResolveIsa(isa)));
+  // A bad argument: named, exit 2 (a BadArgument thrown below is caught here).
+  struct BadArgument {
+    Status s;
+  };
+  auto arg = [](auto r, const char* flag) {
+    if (!r.ok()) throw BadArgument{r.status().WithContext(flag)};
+    return std::move(r).value();
+  };
+  auto refuse = [](const Status& s) { throw BadArgument{s}; };
+  try {
+    const int all = tbb::info::default_concurrency();
+    std::vector<size_t> sizes;
+    std::vector<int> threads;
+    std::vector<Config> configs;
+    if (common.full) {
+      if (sizes_s == "1M,16M,64M") sizes_s = "1M,4M,16M,64M,256M,1G";
+      if (threads_s.empty())
+        for (int t = 1; t < all; t *= 2) threads.push_back(t);
+      if (configs_s.empty()) configs_s = {"f16:f32:f16", "f32:f32:none", "bf16:f32:bf16", "bf16:bf16:bf16"};
     }
-  }
-  std::vector<size_t> tiles;
-  for (const auto& t : SplitComma(tiles_s)) tiles.push_back(BENCH_VALUE(ParseCount(t)));
-  std::vector<bool> pins;
-  for (const auto& p : SplitComma(pin_s)) {
-    if (p != "on" && p != "off") BENCH_CHECK_OK(InvalidArgument("--pin wants off, on or off,on; got '" + p + "'"));
-    pins.push_back(p == "on");
-  }
-  std::vector<HostHugePages> hps;
-  if (hugepages_s == "on") hps = {HostHugePages::kAligned};
-  else if (hugepages_s == "off") hps = {HostHugePages::kOff};
-  else if (hugepages_s == "both") hps = {HostHugePages::kAligned, HostHugePages::kOff};
-  else BENCH_CHECK_OK(InvalidArgument("--hugepages wants on, off or both; got '" + hugepages_s + "'"));
-  std::vector<optim::PrefetchHint> hints;
-  for (const auto& h : SplitComma(hints_s)) {
-    if (h == "l1" || h == "t0") hints.push_back(optim::PrefetchHint::kL1);
-    else if (h == "l2" || h == "t2") hints.push_back(optim::PrefetchHint::kL2);
-    else BENCH_CHECK_OK(InvalidArgument("--prefetch-hint wants l1, l2 or l1,l2; got '" + h + "'"));
-  }
-  std::vector<Prefetching> pfs;
-  for (const auto& d : SplitComma(prefetch_s)) {
-    size_t bytes = d == "0" ? 0 : BENCH_VALUE(ParseCount(d));
-    if (bytes == 0) {
-      pfs.push_back({});
-      continue;
+    for (const auto& s : SplitComma(sizes_s)) sizes.push_back(arg(ParseCount(s), "--sizes"));
+    if (threads_s.empty()) {
+      threads.push_back(1);
+      threads.push_back(all);
+    } else {
+      for (const auto& t : SplitComma(threads_s)) {
+        const int n = t == "all" ? all : std::atoi(t.c_str());
+        if (n < 1 || (t != "all" && t.find_first_not_of("0123456789") != std::string::npos))
+          refuse(InvalidArgument("--threads: '" + t + "' is not a positive integer or all"));
+        threads.push_back(n);
+      }
     }
-    for (auto h : hints) pfs.push_back({bytes, h});
-  }
-  if (pfs.empty() || tiles.empty() || pins.empty() || hints.empty())
-    BENCH_CHECK_OK(InvalidArgument("--prefetch, --prefetch-hint, --tile and --pin need at least one value each"));
-  const size_t stagger = stagger_s == "0" ? 0 : BENCH_VALUE(ParseCount(stagger_s));
-  reps = std::max(reps, 3);
-  const RoofKernel roof_kernel = optim::IsaSupported(Isa::kAvx512)   ? RoofKernel::kAvx512
-                                : optim::IsaSupported(Isa::kAvx2) ? RoofKernel::kAvx2
-                                                                  : RoofKernel::kSse2;
+    if (common.full && threads_s.empty()) threads.push_back(all);
+    std::sort(threads.begin(), threads.end());
+    threads.erase(std::unique(threads.begin(), threads.end()), threads.end());
+    if (configs_s.empty()) configs_s = {"f16:f32:f16"};
+    for (const auto& c : configs_s) configs.push_back(arg(ParseConfig(c), "--config"));
+    std::vector<Isa> isas;
+    if (isa_s == "all") {
+      isas = optim::SupportedIsas();
+    } else {
+      for (const auto& name : SplitComma(isa_s)) {
+        Isa isa = arg(optim::ParseIsa(name), "--isa");
+        isas.push_back(BENCH_VALUE(optim::ResolveIsa(isa)));
+      }
+    }
+    std::vector<size_t> tiles;
+    for (const auto& t : SplitComma(tiles_s)) tiles.push_back(arg(ParseCount(t), "--tile"));
+    std::vector<bool> pins;
+    for (const auto& p : SplitComma(pin_s)) {
+      if (p != "on" && p != "off") refuse(InvalidArgument("--pin wants off, on or off,on; got '" + p + "'"));
+      pins.push_back(p == "on");
+    }
+    std::vector<HostHugePages> hps;
+    if (hugepages_s == "on") hps = {HostHugePages::kAligned};
+    else if (hugepages_s == "off") hps = {HostHugePages::kOff};
+    else if (hugepages_s == "both") hps = {HostHugePages::kAligned, HostHugePages::kOff};
+    else refuse(InvalidArgument("--hugepages wants on, off or both; got '" + hugepages_s + "'"));
+    std::vector<optim::PrefetchHint> hints;
+    for (const auto& h : SplitComma(hints_s)) {
+      if (h == "l1" || h == "t0") hints.push_back(optim::PrefetchHint::kL1);
+      else if (h == "l2" || h == "t2") hints.push_back(optim::PrefetchHint::kL2);
+      else refuse(InvalidArgument("--prefetch-hint wants l1, l2 or l1,l2; got '" + h + "'"));
+    }
+    std::vector<Prefetching> pfs;
+    for (const auto& d : SplitComma(prefetch_s)) {
+      size_t bytes = d == "0" ? 0 : arg(ParseCount(d), "--prefetch");
+      if (bytes == 0) {
+        pfs.push_back({});
+        continue;
+      }
+      for (auto h : hints) pfs.push_back({bytes, h});
+    }
+    if (pfs.empty() || tiles.empty() || pins.empty() || hints.empty())
+      refuse(InvalidArgument("--prefetch, --prefetch-hint, --tile and --pin need at least one value each"));
+    const size_t stagger = stagger_s == "0" ? 0 : arg(ParseCount(stagger_s), "--stagger");
+    reps = std::max(reps, 3);
+    const RoofKernel roof_kernel = optim::IsaSupported(Isa::kAvx512)   ? RoofKernel::kAvx512
+                                  : optim::IsaSupported(Isa::kAvx2) ? RoofKernel::kAvx2
+                                                                    : RoofKernel::kSse2;
 
-  Report report("adam");
-  const auto& f = optim::DetectCpuFeatures();
-  const std::string thp = TransparentHugePagesSetting();
-  report.meta()["cpu_features"] = optim::CpuFeatureString(f);
-  report.meta()["roof_kernel"] = RoofKernelName(roof_kernel);
-  report.meta()["thp_enabled"] = thp.empty() ? "unknown" : thp;
-  report.meta()["thp_usable"] = TransparentHugePagesUsable();
-  report.meta()["stagger"] = stagger;
-  report.meta()["out_of_place"] = out_of_place;
-  std::cout << "strata-bench adam: " << f.brand << " (" << optim::CpuFeatureString(f) << "), " << all
-            << " hardware threads; transparent huge pages: " << (thp.empty() ? "unknown" : thp)
-            << (TransparentHugePagesUsable() ? "" : " (not usable by this process)") << "\n"
-            << "  value = GB/s the Adam pass must move; baseline = roof pass over the same arrays and bytes, "
-               "same threads, tiles, pages and prefetch; read/copy/update = plain STREAM GB/s, same setup\n";
+    Report report("adam");
+    const auto& f = optim::DetectCpuFeatures();
+    const std::string thp = TransparentHugePagesSetting();
+    report.meta()["cpu_features"] = optim::CpuFeatureString(f);
+    report.meta()["roof_kernel"] = RoofKernelName(roof_kernel);
+    report.meta()["thp_enabled"] = thp.empty() ? "unknown" : thp;
+    report.meta()["thp_usable"] = TransparentHugePagesUsable();
+    report.meta()["stagger"] = stagger;
+    report.meta()["out_of_place"] = out_of_place;
+    std::cout << "strata-bench adam: " << f.brand << " (" << optim::CpuFeatureString(f) << "), " << all
+              << " hardware threads; transparent huge pages: " << (thp.empty() ? "unknown" : thp)
+              << (TransparentHugePagesUsable() ? "" : " (not usable by this process)") << "\n"
+              << "  value = GB/s the Adam pass must move; baseline = roof pass over the same arrays and bytes, "
+                 "same threads, tiles, pages and prefetch; read/copy/update = plain STREAM GB/s, same setup\n";
 
-  tbb::task_arena init_arena(all);
-  uint64_t sink = 0;
-  for (const Config& cfg : configs) {
-    const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
-    for (HostHugePages hp : hps) {
-      for (size_t n : sizes) {
-        const size_t need = ShardBytes(n, cfg, out_of_place);
-        if (need > AvailableBytes() / 10 * 8) {
-          report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
-                      std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
-          continue;
-        }
-        Shard shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
-        // What the kernel gave: the process's AnonHugePages against the
-        // shard's bytes (the shard is nearly all of the process's memory).
-        const double thp_share =
-            static_cast<double>(ProcessAnonHugePages().value_or(0)) / static_cast<double>(need);
-        report.meta()["anon_huge_pages"][cfg.name() + "/" + std::string(HostHugePagesName(hp)) + "/" +
-                                         CountName(n)] = ProcessAnonHugePages().value_or(0);
-        for (int t : threads) {
-          for (bool pin : pins) {
-            for (size_t tile : tiles) {
-              for (const Prefetching& pf : pfs) {
-                // The STREAM figures depend on the setup, not on the ISA path.
-                double read = 0, copy = 0, update = 0;
-                for (size_t k = 0; k < isas.size(); ++k) {
-                  const Isa isa = isas[k];
-                  optim::CpuAdam::Options o;
-                  o.isa = isa;
-                  o.threads = t;
-                  o.tile_elems = tile;
-                  o.pin_threads = pin;
-                  o.prefetch_bytes = pf.bytes;
-                  o.prefetch_hint = pf.hint;
-                  auto adam = BENCH_VALUE(optim::CpuAdam::Create(o));
-                  if (k == 0) {
-                    read = StreamFigure(StreamKind::kRead, shard, *adam, 3, &sink);
-                    copy = StreamFigure(StreamKind::kCopy, shard, *adam, 3, &sink);
-                    update = StreamFigure(StreamKind::kUpdate, shard, *adam, 3, &sink);
+    tbb::task_arena init_arena(all);
+    uint64_t sink = 0;
+    Progress progress("adam", configs.size() * hps.size() * sizes.size() * threads.size() * pins.size() *
+                                  tiles.size() * pfs.size() * isas.size());
+    for (const Config& cfg : configs) {
+      const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
+      for (HostHugePages hp : hps) {
+        for (size_t n : sizes) {
+          const size_t need = ShardBytes(n, cfg, out_of_place);
+          if (need > AvailableBytes() / 10 * 8) {
+            report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
+                        std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
+            continue;
+          }
+          if (StopRequested()) break;
+          Shard shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
+          // What the kernel gave: the process's AnonHugePages against the
+          // shard's bytes (the shard is nearly all of the process's memory).
+          const double thp_share =
+              static_cast<double>(ProcessAnonHugePages().value_or(0)) / static_cast<double>(need);
+          report.meta()["anon_huge_pages"][cfg.name() + "/" + std::string(HostHugePagesName(hp)) + "/" +
+                                           CountName(n)] = ProcessAnonHugePages().value_or(0);
+          for (int t : threads) {
+            for (bool pin : pins) {
+              for (size_t tile : tiles) {
+                for (const Prefetching& pf : pfs) {
+                  // The STREAM figures depend on the setup, not on the ISA path.
+                  double read = 0, copy = 0, update = 0;
+                  for (size_t k = 0; k < isas.size(); ++k) {
+                    if (StopRequested()) break;
+                    const Isa isa = isas[k];
+                    progress.Next(CountName(n) + " params, " + std::to_string(t) + " threads, " +
+                                  std::string(optim::IsaName(isa)));
+                    optim::CpuAdam::Options o;
+                    o.isa = isa;
+                    o.threads = t;
+                    o.tile_elems = tile;
+                    o.pin_threads = pin;
+                    o.prefetch_bytes = pf.bytes;
+                    o.prefetch_hint = pf.hint;
+                    auto adam = BENCH_VALUE(optim::CpuAdam::Create(o));
+                    if (k == 0) {
+                      read = StreamFigure(StreamKind::kRead, shard, *adam, 3, &sink);
+                      copy = StreamFigure(StreamKind::kCopy, shard, *adam, 3, &sink);
+                      update = StreamFigure(StreamKind::kUpdate, shard, *adam, 3, &sink);
+                    }
+                    optim::AdamHyper h;
+                    h.weight_decay = 0.01;
+                    auto adam_pass = [&](int64_t step) {
+                      h.step = step;
+                      double t0 = NowSeconds();
+                      auto r = adam->Step(shard.View(), h, {.grad_scale = 1.0 / 1024});
+                      double dt = NowSeconds() - t0;
+                      BENCH_CHECK_OK(r.status());
+                      shard.Flip();
+                      return dt;
+                    };
+                    auto roof_pass = [&] {
+                      double t0 = NowSeconds();
+                      sink ^= RoofPass(shard, *adam, roof_kernel);
+                      const double dt = NowSeconds() - t0;
+                      shard.Flip();
+                      return dt;
+                    };
+                    adam_pass(1);  // warm up: pages, caches, thread pool
+                    roof_pass();
+                    std::vector<double> ta, tr;
+                    double spent = 0;
+                    for (int r = 0; r < reps && (r < 3 || spent < 2.0); ++r) {
+                      ta.push_back(adam_pass(r + 2));
+                      tr.push_back(roof_pass());
+                      spent += ta.back() + tr.back();
+                    }
+                    // Best of the repetitions, as STREAM reports: on a shared machine
+                    // the slow ones measure the neighbours, not the pass.
+                    const double sa = *std::min_element(ta.begin(), ta.end());
+                    const double sr = *std::min_element(tr.begin(), tr.end());
+                    const double gbs = static_cast<double>(n) * static_cast<double>(bpp) / sa / 1e9;
+                    const double roof = static_cast<double>(n) * static_cast<double>(bpp) / sr / 1e9;
+                    nlohmann::json row;
+                    row["config"] = cfg.name();
+                    row["params"] = CountName(n);
+                    row["hp"] = std::string(hp == HostHugePages::kOff ? "off" : "on");
+                    row["thp"] = thp_share;
+                    row["threads"] = t;
+                    row["pin"] = pin;
+                    row["tile"] = CountName(tile);
+                    row["pf"] = pf.name();
+                    row["isa"] = std::string(optim::IsaName(isa));
+                    row["state"] = std::string(out_of_place ? "out of place" : "in place");
+                    row["Gparam/s"] = static_cast<double>(n) / sa / 1e9;
+                    std::vector<double> pair_ratios;  // each Adam rep against the roof rep right after it
+                    for (size_t r = 0; r < ta.size(); ++r) pair_ratios.push_back(tr[r] / ta[r]);
+                    row["pair_ratio"] = Median(pair_ratios);
+                    row["read"] = read;
+                    row["copy"] = copy;
+                    row["update"] = update;
+                    row["B/param"] = bpp;
+                    row["unit"] = "GB/s";
+                    row["baseline_name"] = "roof";
+                    row = Report::WithRatio(row, gbs, roof);
+                    std::cerr << "row " << row.dump() << "\n";
+                    report.Add(row);
+                    BENCH_CHECK_OK(report.WriteJson(common.json_path));
                   }
-                  optim::AdamHyper h;
-                  h.weight_decay = 0.01;
-                  auto adam_pass = [&](int64_t step) {
-                    h.step = step;
-                    double t0 = NowSeconds();
-                    auto r = adam->Step(shard.View(), h, {.grad_scale = 1.0 / 1024});
-                    double dt = NowSeconds() - t0;
-                    BENCH_CHECK_OK(r.status());
-                    shard.Flip();
-                    return dt;
-                  };
-                  auto roof_pass = [&] {
-                    double t0 = NowSeconds();
-                    sink ^= RoofPass(shard, *adam, roof_kernel);
-                    const double dt = NowSeconds() - t0;
-                    shard.Flip();
-                    return dt;
-                  };
-                  adam_pass(1);  // warm up: pages, caches, thread pool
-                  roof_pass();
-                  std::vector<double> ta, tr;
-                  double spent = 0;
-                  for (int r = 0; r < reps && (r < 3 || spent < 2.0); ++r) {
-                    ta.push_back(adam_pass(r + 2));
-                    tr.push_back(roof_pass());
-                    spent += ta.back() + tr.back();
-                  }
-                  // Best of the repetitions, as STREAM reports: on a shared machine
-                  // the slow ones measure the neighbours, not the pass.
-                  const double sa = *std::min_element(ta.begin(), ta.end());
-                  const double sr = *std::min_element(tr.begin(), tr.end());
-                  const double gbs = static_cast<double>(n) * static_cast<double>(bpp) / sa / 1e9;
-                  const double roof = static_cast<double>(n) * static_cast<double>(bpp) / sr / 1e9;
-                  nlohmann::json row;
-                  row["config"] = cfg.name();
-                  row["params"] = CountName(n);
-                  row["hp"] = std::string(hp == HostHugePages::kOff ? "off" : "on");
-                  row["thp"] = thp_share;
-                  row["threads"] = t;
-                  row["pin"] = pin;
-                  row["tile"] = CountName(tile);
-                  row["pf"] = pf.name();
-                  row["isa"] = std::string(optim::IsaName(isa));
-                  row["state"] = std::string(out_of_place ? "out of place" : "in place");
-                  row["Gparam/s"] = static_cast<double>(n) / sa / 1e9;
-                  std::vector<double> pair_ratios;  // each Adam rep against the roof rep right after it
-                  for (size_t r = 0; r < ta.size(); ++r) pair_ratios.push_back(tr[r] / ta[r]);
-                  row["pair_ratio"] = Median(pair_ratios);
-                  row["read"] = read;
-                  row["copy"] = copy;
-                  row["update"] = update;
-                  row["B/param"] = bpp;
-                  row["unit"] = "GB/s";
-                  row["baseline_name"] = "roof";
-                  row = Report::WithRatio(row, gbs, roof);
-                  std::cerr << "row " << row.dump() << "\n";
-                  report.Add(row);
-                  BENCH_CHECK_OK(report.WriteJson(common.json_path));
                 }
               }
             }
@@ -865,17 +888,21 @@ int RunAdam(int argc, char** argv) {
         }
       }
     }
+    g_roof_sink = g_roof_sink ^ sink;  // keeps the roof's and STREAM's reads alive
+    report.Note("target: ratio >= 0.90 for >= 64M params; GPU host (16 cores): >= 5 G params/s for f16:f32:f16 "
+                "(DeepSpeed cpu_adam AVX-512: 4.90 G params/s on 200M fp32 params, without the copy-out)");
+    report.Note("thp = AnonHugePages of the process / the shard's bytes, after first touch");
+    if (out_of_place)
+      report.Note("out of place: each pass (Adam and roof) reads master/m/v from one set and streams the new ones into "
+                  "a second, the sets alternating; the same bytes per parameter as in place (no read for ownership)");
+    if (StopRequested()) report.Note("stopped by Ctrl-C: the rows measured so far");
+    report.Print();
+    BENCH_CHECK_OK(report.WriteJson(common.json_path));
+    return StopRequested() ? kStoppedExit : 0;
+  } catch (const BadArgument& bad) {
+    std::cerr << "strata-bench adam: " << bad.s.message() << "\ntry: strata-bench adam --help\n";
+    return 2;
   }
-  g_roof_sink = g_roof_sink ^ sink;  // keeps the roof's and STREAM's reads alive
-  report.Note("target: ratio >= 0.90 for >= 64M params; GPU host (16 cores): >= 5 G params/s for f16:f32:f16 "
-              "(DeepSpeed cpu_adam AVX-512: 4.90 G params/s on 200M fp32 params, without the copy-out)");
-  report.Note("thp = AnonHugePages of the process / the shard's bytes, after first touch");
-  if (out_of_place)
-    report.Note("out of place: each pass (Adam and roof) reads master/m/v from one set and streams the new ones into "
-                "a second, the sets alternating; the same bytes per parameter as in place (no read for ownership)");
-  report.Print();
-  BENCH_CHECK_OK(report.WriteJson(common.json_path));
-  return 0;
 }
 
 STRATA_BENCH_COMMAND("adam", "CPU Adam step vs the host memory roof (G params/s, GB/s, ratio)", RunAdam);

@@ -35,6 +35,7 @@
 #include "base/device.h"
 #include "base/half.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -256,7 +257,9 @@ int RunAttention(int argc, char** argv) {
                 {"peak_size", o.peak_size}, {"reps", o.reps}, {"trials", o.trials}};
   const std::string base_name = o.dtype + " GEMM " + std::to_string(o.peak_size) + "^3 (this run)";
 
+  Progress progress("attention", shapes.size() * variants.size());
   for (const NamedShape& sh : shapes) {
+    if (StopRequested()) break;
     AttentionShape s{sh.B, sh.T, sh.H, sh.D, dt, 0.f};
     const int64_t C = sh.H * sh.D;
     const size_t n_qkv = static_cast<size_t>(sh.B * sh.T * 3 * C), n_out = static_cast<size_t>(sh.B * sh.T * C);
@@ -280,6 +283,8 @@ int RunAttention(int argc, char** argv) {
               << bwd_flops / 1e9 << " GFLOP (causal, model count); workspace up to "
               << ws_bytes / 1048576.0 << " MiB\n";
     for (const std::string& v : variants) {
+      if (StopRequested()) break;
+      progress.Next(sh.name + " " + v);
       BENCH_CHECK_OK(kernels::SetFlashVariant(be.get(), v));
       auto fwd = [&] {
         return be->AttentionForward(s, out.data(), lse.as<float>(), qkv.data(), ws.data());
@@ -327,9 +332,10 @@ int RunAttention(int argc, char** argv) {
   std::string vs = "variants:";
   for (const auto& v : kernels::kFlashVariants) vs += std::string(" ") + v.name + " = " + v.summary + ";";
   rep.Note(vs);
+  if (StopRequested()) rep.Note("stopped by Ctrl-C: the variants measured so far");
   rep.Print();
   BENCH_CHECK_OK(rep.WriteJson(o.common.json_path));
-  return 0;
+  return StopRequested() ? kStoppedExit : 0;
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "base/device.h"
 #include "base/host_memory.h"
+#include "bench/sweep.h"
 
 namespace po = boost::program_options;
 
@@ -73,6 +74,7 @@ Report::Report(std::string command) : command_(std::move(command)) {}
 void Report::Add(nlohmann::json row) {
   // Echo each row as it is measured: a long run killed part-way still shows
   // what it had (the table comes at the end).
+  ClearProgressLine();
   std::cerr << "  measured: " << row.dump() << "\n";
   rows_.push_back(std::move(row));
 }
@@ -86,8 +88,7 @@ nlohmann::json Report::WithRatio(nlohmann::json row, double value, double baseli
 
 void Report::Note(std::string line) { notes_.push_back(std::move(line)); }
 
-namespace {
-std::string Cell(const nlohmann::json& v) {
+std::string ReportCell(const nlohmann::json& v) {
   if (v.is_null()) return "";
   if (v.is_string()) return v.get<std::string>();
   if (v.is_number_float()) {
@@ -100,11 +101,10 @@ std::string Cell(const nlohmann::json& v) {
   }
   return v.dump();
 }
-}  // namespace
 
-void Report::Print() const {
+std::vector<std::string> ReportColumns(const std::vector<nlohmann::json>& rows) {
   std::vector<std::string> cols;
-  for (const auto& r : rows_)
+  for (const auto& r : rows)
     for (auto it = r.begin(); it != r.end(); ++it)
       if (std::find(cols.begin(), cols.end(), it.key()) == cols.end()) cols.push_back(it.key());
   // nlohmann::json objects iterate in key order; put the figure columns last.
@@ -114,13 +114,19 @@ void Report::Print() const {
     if (std::find(std::begin(kLast), std::end(kLast), c) == std::end(kLast)) ordered.push_back(c);
   for (const char* c : kLast)
     if (std::find(cols.begin(), cols.end(), c) != cols.end()) ordered.push_back(c);
+  return ordered;
+}
+
+void Report::Print() const {
+  ClearProgressLine();
+  const std::vector<std::string> ordered = ReportColumns(rows_);
   std::vector<size_t> width(ordered.size());
   for (size_t i = 0; i < ordered.size(); ++i) width[i] = ordered[i].size();
   std::vector<std::vector<std::string>> cells;
   for (const auto& r : rows_) {
     std::vector<std::string> line;
     for (size_t i = 0; i < ordered.size(); ++i) {
-      std::string c = r.contains(ordered[i]) ? Cell(r[ordered[i]]) : "";
+      std::string c = r.contains(ordered[i]) ? ReportCell(r[ordered[i]]) : "";
       width[i] = std::max(width[i], c.size());
       line.push_back(std::move(c));
     }
@@ -157,17 +163,52 @@ Status Report::WriteJson(const std::string& path) const {
   return Status::OK();
 }
 
-Result<BenchDir> BenchDir::Make(const std::string& path) {
-  if (!path.empty()) {
-    std::error_code ec;
-    std::filesystem::create_directories(path, ec);
-    if (ec) return IoError("cannot create benchmark directory", ec.value(), path);
-    return BenchDir(path, false);
+Status Report::WriteCsv(const std::string& path) const { return bench::WriteCsv(rows_, path); }
+
+Status WriteCsv(const std::vector<nlohmann::json>& rows, const std::string& path) {
+  if (path.empty()) return Status::OK();
+  auto quote = [](const std::string& s) {
+    if (s.find_first_of(",\"\n") == std::string::npos) return s;
+    std::string q = "\"";
+    for (char c : s) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+    return q + "\"";
+  };
+  const std::vector<std::string> cols = ReportColumns(rows);
+  std::ostringstream os;
+  for (size_t i = 0; i < cols.size(); ++i) os << (i ? "," : "") << quote(cols[i]);
+  os << "\n";
+  for (const auto& r : rows) {
+    for (size_t i = 0; i < cols.size(); ++i) {
+      std::string cell;
+      if (r.contains(cols[i])) cell = r[cols[i]].is_string() ? r[cols[i]].get<std::string>() : r[cols[i]].dump();
+      os << (i ? "," : "") << quote(cell);
+    }
+    os << "\n";
   }
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = std::string(base && *base ? base : "/var/tmp") + "/strata-bench.XXXXXX";
-  if (mkdtemp(tmpl.data()) == nullptr) return ErrnoStatus("cannot create temporary directory", tmpl);
-  return BenchDir(tmpl, true);
+  std::ofstream f(path);
+  if (!f) return ErrnoStatus("cannot create CSV output", path);
+  f << os.str();
+  f.flush();
+  if (!f) return ErrnoStatus("cannot write CSV output", path);
+  return Status::OK();
+}
+
+Result<BenchDir> BenchDir::Make(const std::string& path) {
+  std::string parent = path;
+  if (parent.empty()) {
+    const char* base = std::getenv("TMPDIR");
+    parent = base && *base ? base : "/var/tmp";
+  } else {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+      return NotFound("--dir " + path + " does not exist (strata-bench never creates the directory it is "
+                      "given: make it on the drive to measure, e.g. mkdir -p " + path + ")");
+    if (!S_ISDIR(st.st_mode)) return InvalidArgument("--dir " + path + " is not a directory");
+  }
+  std::string tmpl = parent + "/strata-bench.XXXXXX";
+  if (mkdtemp(tmpl.data()) == nullptr)
+    return ErrnoStatus("cannot create a directory for the benchmark's files", tmpl);
+  return BenchDir(tmpl);
 }
 
 BenchDir::BenchDir(BenchDir&& o) noexcept : path_(std::move(o.path_)), owned_(o.owned_) {
@@ -215,8 +256,7 @@ nlohmann::json MachineInfo() {
 }
 
 void Die(const Status& s, const char* what) {
-  std::cerr << "strata-bench: " << what << " failed: " << s.ToString() << "\n";
-  std::exit(1);
+  throw BenchFailure(std::string(what) + " failed: " + s.ToString());
 }
 
 }  // namespace strata::bench

@@ -7,12 +7,16 @@
 // JSON say the same thing.
 //
 // Abort-on-error is allowed here (tools, not the library): BENCH_CHECK_OK.
+// Die() throws a BenchFailure that main() catches (exit 1), so the stack
+// unwinds on the way out: BenchDir and the tiers remove their files on every
+// exit path (an error, Ctrl-C through bench/sweep.h, or the end).
 #pragma once
 
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -68,6 +72,10 @@ class Report {
   void Print() const;
   // Writes the JSON to `path` (nothing when empty). Errors name the file.
   Status WriteJson(const std::string& path) const;
+  // The rows as CSV (a header of every column in Print()'s order, then one
+  // line per row; nothing when `path` is empty). Errors name the file.
+  Status WriteCsv(const std::string& path) const;
+  const std::vector<nlohmann::json>& rows() const { return rows_; }
   nlohmann::json& meta() { return meta_; }
 
  private:
@@ -77,12 +85,16 @@ class Report {
   nlohmann::json meta_;
 };
 
-// A directory that exists for the lifetime of the object. With `path` empty a
-// fresh one is made under $TMPDIR (or /var/tmp, which is usually on disk,
-// unlike /tmp on tmpfs) and removed afterwards; a given path is created if
-// needed and left in place (only the files made in it are removed by callers).
+// A private directory for a benchmark's files, removed with everything in it
+// when the object goes (Die() unwinds, so on every exit path but kill -9).
+// With `path` empty it is made under $TMPDIR (or /var/tmp, which is usually
+// on disk, unlike /tmp on tmpfs); a given path (--dir) must exist already —
+// strata-bench never creates it, so a typo cannot measure the wrong disk —
+// and the private directory is made inside it (PATH/strata-bench.XXXXXX).
 class BenchDir {
  public:
+  // NotFound naming --dir and the path when it does not exist,
+  // InvalidArgument when it is not a directory.
   static Result<BenchDir> Make(const std::string& path);
   BenchDir(BenchDir&& o) noexcept;
   BenchDir& operator=(BenchDir&&) = delete;
@@ -91,7 +103,7 @@ class BenchDir {
   const std::string& path() const { return path_; }
 
  private:
-  BenchDir(std::string path, bool owned) : path_(std::move(path)), owned_(owned) {}
+  explicit BenchDir(std::string path) : path_(std::move(path)), owned_(true) {}
   std::string path_;
   bool owned_ = false;
 };
@@ -102,7 +114,20 @@ double Median(std::vector<double> v);
 // Machine facts for reports: CPU model, cores, memory, GPU name if any.
 nlohmann::json MachineInfo();
 
+// What Die() throws; main() prints it and exits 1.
+class BenchFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
 [[noreturn]] void Die(const Status& s, const char* what);
+
+// The column order of Print() and WriteCsv(): the descriptive columns in
+// key order, then value, unit, baseline, baseline_name, ratio.
+std::vector<std::string> ReportColumns(const std::vector<nlohmann::json>& rows);
+// Rows as CSV (Report::WriteCsv; `all` writes its components' rows read back from their JSON).
+Status WriteCsv(const std::vector<nlohmann::json>& rows, const std::string& path);
+// One cell as Print() shows it (numbers rounded to a few digits).
+std::string ReportCell(const nlohmann::json& v);
 
 }  // namespace strata::bench
 

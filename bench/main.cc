@@ -2,11 +2,14 @@
 //
 // Subcommands (each in bench/<name>.cc) register themselves; `strata-bench`
 // with no arguments lists them. Every figure is printed beside its physical
-// baseline measured in the same run, and the ratio.
+// baseline measured in the same run, and the ratio. Ctrl-C stops a sweep
+// cleanly (bench/sweep.h: what was measured is written, exit 130); a failure
+// (bench.h's Die) unwinds to here, so every command's files are removed.
 #include <cstring>
 #include <iostream>
 
 #include "bench/bench.h"
+#include "bench/sweep.h"
 
 int main(int argc, char** argv) {
   using strata::bench::Commands;
@@ -16,14 +19,23 @@ int main(int argc, char** argv) {
 #endif
   auto usage = [&](std::ostream& os) {
     os << "usage: strata-bench <command> [options]   (strata-bench <command> --help)\n\ncommands:\n";
-    for (const auto& c : Commands()) os << "  " << c.name << std::string(10 - std::min<size_t>(9, std::strlen(c.name)), ' ') << c.summary << "\n";
+    for (const auto& c : Commands()) os << "  " << c.name << std::string(11 - std::min<size_t>(10, std::strlen(c.name)), ' ') << c.summary << "\n";
   };
   if (argc < 2 || !std::strcmp(argv[1], "-h") || !std::strcmp(argv[1], "--help")) {
     usage(argc < 2 ? std::cerr : std::cout);
     return argc < 2 ? 2 : 0;
   }
-  for (const auto& c : Commands())
-    if (!std::strcmp(c.name, argv[1])) return c.run(argc - 1, argv + 1);
+  strata::bench::InstallStopHandler();
+  for (const auto& c : Commands()) {
+    if (std::strcmp(c.name, argv[1])) continue;
+    try {
+      return c.run(argc - 1, argv + 1);
+    } catch (const strata::bench::BenchFailure& e) {
+      strata::bench::ClearProgressLine();
+      std::cerr << "strata-bench " << c.name << ": " << e.what() << "\n";
+      return 1;
+    }
+  }
   std::cerr << "strata-bench: unknown command '" << argv[1] << "'\n";
   usage(std::cerr);
   return 2;

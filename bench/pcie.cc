@@ -28,6 +28,7 @@
 #include "base/bytes.h"
 #include "base/device.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "tiers/copy_engine.h"
 
 #if STRATA_WITH_CUDA
@@ -50,13 +51,10 @@ struct Config {
 };
 
 #if STRATA_WITH_CUDA
-#define BENCH_CUDA(expr)                                                                      \
-  do {                                                                                        \
-    cudaError_t e_ = (expr);                                                                  \
-    if (e_ != cudaSuccess) {                                                                  \
-      std::cerr << "strata-bench pcie: " #expr " failed: " << cudaGetErrorString(e_) << "\n"; \
-      std::exit(1);                                                                           \
-    }                                                                                         \
+#define BENCH_CUDA(expr)                                                    \
+  do {                                                                      \
+    cudaError_t e_ = (expr);                                                \
+    if (e_ != cudaSuccess) Die(Internal(cudaGetErrorString(e_)), #expr);    \
   } while (0)
 #endif
 
@@ -65,7 +63,9 @@ Result<std::vector<uint64_t>> ParseSizes(const std::string& text) {
   std::stringstream ss(text);
   std::string item;
   while (std::getline(ss, item, ',')) {
-    ASSIGN_OR_RETURN(uint64_t v, ParseBytes(item));
+    Result<uint64_t> r = ParseBytes(item);
+    if (!r.ok()) return r.status().WithContext("--sizes");
+    const uint64_t v = *r;
     if (v == 0) return InvalidArgument("--sizes: 0 is not a size");
     out.push_back(v);
   }
@@ -120,7 +120,10 @@ int RunStandIn(const Config& cfg, const std::vector<uint64_t>& sizes, uint64_t p
   auto engine = BENCH_VALUE(CopyEngine::Create(o));
   uint64_t max = *std::max_element(sizes.begin(), sizes.end());
   std::vector<uint8_t> a(max, 1), b(max, 2), c(max, 3), d(max, 4);
+  Progress progress("pcie (stand-in)", sizes.size());
   for (uint64_t size : sizes) {
+    if (StopRequested()) break;
+    progress.Next(FormatBytes(size));
     uint64_t n = std::max<uint64_t>(1, pass_bytes / size);
     double base = MedianRate(cfg.reps, [&] {
       for (uint64_t i = 0; i < n; ++i) std::memcpy(b.data(), a.data(), size);
@@ -192,7 +195,10 @@ int RunCuda(const Config& cfg, const std::vector<uint64_t>& sizes, uint64_t pass
     return last;
   };
   double best_both = 0;
+  Progress progress("pcie", sizes.size());
   for (uint64_t size : sizes) {
+    if (StopRequested()) break;
+    progress.Next(FormatBytes(size));
     const uint64_t n = std::max<uint64_t>(1, pass_bytes / size);
     // Warm up both paths once.
     plain(s1, d_a, h_src, size, 1, cudaMemcpyHostToDevice);
@@ -309,7 +315,8 @@ int RunPcie(int argc, char** argv) {
     return 2;
   }
   auto sizes = ParseSizes(cfg.sizes);
-  auto bytes = ParseBytes(cfg.bytes);
+  Result<uint64_t> bytes = ParseBytes(cfg.bytes);
+  if (!bytes.ok()) bytes = bytes.status().WithContext("--bytes");
   if (!sizes.ok() || !bytes.ok()) {
     std::cerr << "strata-bench pcie: " << (sizes.ok() ? bytes.status() : sizes.status()).ToString() << "\n";
     return 2;
@@ -333,9 +340,10 @@ int RunPcie(int argc, char** argv) {
     rc = RunCuda(cfg, *sizes, *bytes, report);
 #endif
   }
+  if (StopRequested()) report.Note("stopped by Ctrl-C: the sizes measured so far");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
-  return rc;
+  return StopRequested() ? kStoppedExit : rc;
 }
 
 }  // namespace

@@ -37,6 +37,7 @@
 #include "base/bytes.h"
 #include "base/device.h"
 #include "bench/bench.h"
+#include "bench/sweep.h"
 #include "tiers/tier_store.h"
 
 #if STRATA_WITH_CUDA
@@ -103,8 +104,10 @@ int RunStore(int argc, char** argv) {
     if (cfg.tensor_size == Config{}.tensor_size) cfg.tensor_size = "64MiB";
     if (cfg.reps == Config{}.reps) cfg.reps = 5;
   }
-  auto size_r = ParseBytes(cfg.tensor_size);
-  auto block_r = ParseBytes(cfg.block);
+  Result<uint64_t> size_r = ParseBytes(cfg.tensor_size);
+  if (!size_r.ok()) size_r = size_r.status().WithContext("--tensor-size");
+  Result<uint64_t> block_r = ParseBytes(cfg.block);
+  if (!block_r.ok()) block_r = block_r.status().WithContext("--block");
   if (!size_r.ok() || !block_r.ok() || cfg.tensors < 1 || cfg.reps < 1 || cfg.ops < 1 || cfg.workers < 1) {
     std::cerr << "strata-bench store: bad options: "
               << (!size_r.ok() ? size_r.status().ToString()
@@ -242,7 +245,10 @@ int RunStore(int argc, char** argv) {
   raw_nvme(true);  // first touch of the extents, untimed
 
   std::vector<double> s_h2d, s_d2h, s_hn, s_nh, s_ng, s_gn, b_h2d, b_d2h, b_w, b_r;
+  Progress progress("store", static_cast<size_t>(cfg.reps));
   for (int rep = 0; rep < cfg.reps; ++rep) {
+    if (rep > 0 && StopRequested()) break;  // one pass at least: every row has a figure
+    progress.Next("pass " + std::to_string(rep + 1));
     // host -> gpu
     s_h2d.push_back(Rate(set_bytes, timed([&] {
       for (TensorId id : A) tk.push_back(BENCH_VALUE(store->Prefetch(id, TierKind::kGpu)));
@@ -370,6 +376,7 @@ int RunStore(int argc, char** argv) {
               ", write-backs " + std::to_string(st.tiers[0].writebacks) + "; max queue depth " +
               std::to_string(st.max_queue_depth));
   report.Note("target: store bookkeeping < 20 us per call (the per-call rows)");
+  if (StopRequested()) report.Note("stopped by Ctrl-C: the passes measured so far");
   report.Print();
   BENCH_CHECK_OK(report.WriteJson(common.json_path));
 
@@ -379,7 +386,7 @@ int RunStore(int argc, char** argv) {
 #if STRATA_WITH_CUDA
   if (stream) cudaStreamDestroy(stream);
 #endif
-  return 0;
+  return StopRequested() ? kStoppedExit : 0;
 }
 
 }  // namespace

@@ -85,15 +85,20 @@ Result<Budgets> MeasureBudgets(const TrainOptions& o, const kernels::Backend& ba
   return b;
 }
 
-Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
-  const Config& cfg = o.config;
+Result<PlanInputs> PlanInputsFor(const Config& cfg, const kernels::Backend& backend, const models::ModelSpec& spec,
+                                 const Budgets& budgets, bool speculative_state) {
   const DType dtype = ComputeDType(cfg);
-  RunPlan r;
-  ASSIGN_OR_RETURN(r.budgets, MeasureBudgets(o, backend));
   ASSIGN_OR_RETURN(size_t block,
                    models::ModelProgram::BlockScratchBytes(backend, spec, cfg.micro_batch, cfg.model.seq_len, dtype));
   const size_t head = models::ModelProgram::HeadScratchBytes(spec, cfg.micro_batch, cfg.model.seq_len, dtype);
-  r.inputs = MakePlanInputs(cfg, spec, dtype, block, head, r.budgets, WantsSpeculativeState(cfg, o));
+  return MakePlanInputs(cfg, spec, dtype, block, head, budgets, speculative_state);
+}
+
+Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
+  const Config& cfg = o.config;
+  RunPlan r;
+  ASSIGN_OR_RETURN(r.budgets, MeasureBudgets(o, backend));
+  ASSIGN_OR_RETURN(r.inputs, PlanInputsFor(cfg, backend, spec, r.budgets, WantsSpeculativeState(cfg, o)));
   ASSIGN_OR_RETURN(r.plan, MakePlan(r.inputs));
   r.mode = UpdateModeFor(cfg, r.plan, spec.num_units(), o, r.budgets.host);
   return r;

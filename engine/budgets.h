@@ -37,6 +37,13 @@ struct Budgets {
 // process already uses.
 Result<Budgets> MeasureBudgets(const TrainOptions& options, const kernels::Backend& backend);
 
+// The planner's inputs for the run of `cfg`'s model on `backend` within
+// `budgets` (the scratch sizes are the backend's: its attention workspace
+// depends on the kernel it would choose). `speculative_state`: the plan
+// counts the speculative update's second set if it has room.
+Result<PlanInputs> PlanInputsFor(const Config& cfg, const kernels::Backend& backend, const models::ModelSpec& spec,
+                                 const Budgets& budgets, bool speculative_state);
+
 // Everything a run decides before it allocates anything: the budgets, the
 // plan within them, and the update mode that follows from both.
 struct RunPlan {

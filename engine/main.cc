@@ -4,6 +4,8 @@
 //                [--resume DIR] [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
+//   strata report [--nvme PATH]... [--config FILE] [--json]   (engine/report.h)
+//   strata plot LOG.jsonl [-o FILE.png]                       (engine/train_log_plot.h)
 //
 // With no --config it trains the small default GPT on the bundled corpus
 // (data/kjv.txt), on the GPU if there is one, else on the CPU backend.
@@ -17,6 +19,8 @@
 
 #include "base/bytes.h"
 #include "engine/config.h"
+#include "engine/report.h"
+#include "engine/train_log_plot.h"
 #include "engine/trainer.h"
 
 namespace po = boost::program_options;
@@ -34,6 +38,8 @@ std::string DefaultData() {
 
 int Usage(std::ostream& os, int code) {
   os << "usage: strata train [options]     train a GPT (strata train --help)\n"
+        "       strata report [options]    what this machine offers, problems and fixes (strata report --help)\n"
+        "       strata plot LOG.jsonl      loss and tokens/s curves of a --log-json file (strata plot --help)\n"
         "       strata --version\n";
   return code;
 }
@@ -152,6 +158,8 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "train") return Train(argc - 1, argv + 1);
+  if (cmd == "report") return strata::RunReportCommand(argc - 1, argv + 1);
+  if (cmd == "plot") return strata::RunPlotCommand(argc - 1, argv + 1);
   std::cerr << "strata: unknown command '" << cmd << "'\n";
   return Usage(std::cerr, 2);
 }

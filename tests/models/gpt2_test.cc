@@ -148,7 +148,7 @@ TEST(GptReferenceTest, Bf16TracksTransformers) {
 
 // ---- layer contracts ------------------------------------------------------------------
 
-class GptLayersTest : public ::testing::Test {
+class ResidentModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
     be_ = MakeCpuBackend(2);
@@ -172,7 +172,7 @@ class GptLayersTest : public ::testing::Test {
   std::vector<int32_t> tokens_, targets_;
 };
 
-TEST_F(GptLayersTest, AccumulateAddsGradientsOfASecondMicroBatch) {
+TEST_F(ResidentModelTest, AccumulateAddsGradientsOfASecondMicroBatch) {
   ASSERT_OK_AND_ASSIGN(double l1, model_->ForwardBackward(tokens_.data(), targets_.data()));
   std::map<std::string, std::vector<double>> once;
   for (const auto& t : Spec(cfg_).params) once[t.name] = *model_->GetGradient(t.name);
@@ -186,7 +186,7 @@ TEST_F(GptLayersTest, AccumulateAddsGradientsOfASecondMicroBatch) {
   }
 }
 
-TEST_F(GptLayersTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
+TEST_F(ResidentModelTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
   const BlockProgram& L = model_->program().block();
   const int64_t n = 2 * 19 * cfg_.n_embd;
   auto x = kt::Tensor::From(be_.get(), kt::RandomVector(n, 1), DType::kF64);
@@ -216,7 +216,7 @@ TEST_F(GptLayersTest, BlockBackwardInPlaceEqualsSeparateBuffers) {
               StatusIs(StatusCode::kInvalidArgument));
 }
 
-TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
+TEST_F(ResidentModelTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
   // The model keeps the last block's internals by default; without it every
   // block is recomputed. Loss and every gradient agree bit for bit, in the
   // storage dtypes whose GELU pre-activation the forward no longer writes.
@@ -243,7 +243,7 @@ TEST_F(GptLayersTest, KeptInternalsGiveTheRecomputedBackwardsBits) {
   }
 }
 
-TEST_F(GptLayersTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
+TEST_F(ResidentModelTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
   const BlockProgram& L = model_->program().block();
   const int64_t n = 2 * 19 * cfg_.n_embd;
   auto x = kt::Tensor::From(be_.get(), kt::RandomVector(n, 3), DType::kF64);
@@ -282,7 +282,7 @@ TEST_F(GptLayersTest, BlockBackwardOnKeptInternalsEqualsRecompute) {
   EXPECT_NE(g1.Get(), g2.Get());
 }
 
-TEST_F(GptLayersTest, HeadChunkSizeDoesNotChangeResults) {
+TEST_F(ResidentModelTest, HeadChunkSizeDoesNotChangeResults) {
   ASSERT_OK_AND_ASSIGN(double whole, model_->ForwardBackward(tokens_.data(), targets_.data()));
   auto wte_whole = *model_->GetGradient("transformer.wte.weight");
   auto lnf_whole = *model_->GetGradient("transformer.ln_f.weight");
@@ -298,7 +298,7 @@ TEST_F(GptLayersTest, HeadChunkSizeDoesNotChangeResults) {
   }
 }
 
-TEST_F(GptLayersTest, RejectsTokensOutsideTheVocabulary) {
+TEST_F(ResidentModelTest, RejectsTokensOutsideTheVocabulary) {
   tokens_[3] = 200;
   EXPECT_THAT(model_->ForwardBackward(tokens_.data(), targets_.data()),
               StatusIs(StatusCode::kInvalidArgument));

@@ -1,0 +1,121 @@
+// What bounds offloaded training: the plan is the one strata train makes,
+// and the bounding resource follows the rates.
+#include "bench/offload_bound.h"
+
+#include "base/bytes.h"
+#include "engine/budgets.h"
+#include "engine/model_config.h"
+#include "engine/trainer.h"
+#include "tests/test_util.h"
+
+namespace strata::bench {
+namespace {
+
+// Rates of a plausible GPU host; each test slows one resource down.
+OffloadRates Rates() {
+  OffloadRates r;
+  r.h2d_gbs = r.d2h_gbs = 50;
+  r.both_gbs = 80;
+  r.nvme_read_gbs = r.nvme_write_gbs = r.nvme_mixed_gbs = 5;
+  r.adam_params_per_s = 5e9;
+  r.compute_flops = 400e12;
+  r.gpu_budget = 70 * kGiB;
+  r.host_budget = 100 * kGiB;
+  r.nvme_free = 1000 * kGiB;
+  return r;
+}
+
+ModelShape Shape(const std::string& name) {
+  for (const auto& m : KnownModelShapes())
+    if (m.name == name) return m;
+  ADD_FAILURE() << "no shape " << name;
+  return {};
+}
+
+BoundRow AnalyzeOne(const OffloadRates& r, const std::string& model) {
+  auto be = kernels::MakeCpuBackend(1);
+  auto rows = AnalyzeBounds(r, {Shape(model)}, *be, 8);
+  return rows.at(0);
+}
+
+TEST(OffloadBound, AFastMachineIsBoundByCompute) {
+  const BoundRow b = AnalyzeOne(Rates(), "gpt-1.3b");
+  ASSERT_TRUE(b.fits) << b.why_not;
+  EXPECT_EQ(b.bound, "compute");
+  EXPECT_DOUBLE_EQ(b.step_s, b.compute_s);
+  EXPECT_GT(b.compute_s, b.pcie_s);
+  EXPECT_NEAR(b.tokens_per_s, b.tokens_per_step / b.step_s, 1e-6);
+  EXPECT_EQ(b.tokens_per_step, b.micro_batch * 8 * 2048);
+}
+
+TEST(OffloadBound, ASlowCpuAdamBoundsAHostOptimizer) {
+  OffloadRates r = Rates();
+  r.gpu_budget = 24 * kGiB;  // the 6.7B's optimizer state (80 GB) cannot stay on the GPU
+  r.adam_params_per_s = 1e6;
+  const BoundRow b = AnalyzeOne(r, "gpt-6.7b");
+  ASSERT_TRUE(b.fits) << b.why_not;
+  ASSERT_NE(b.plan.optimizer, TierKind::kGpu) << PlacementText(b.plan);
+  EXPECT_EQ(b.bound, "CPU Adam");
+  EXPECT_NEAR(b.adam_s, static_cast<double>(b.plan.total_params - b.plan.optimizer_gpu_params) / 1e6, 1e-3);
+}
+
+TEST(OffloadBound, ASlowDiskBoundsAnNvmeOptimizer) {
+  OffloadRates r = Rates();
+  r.gpu_budget = 24 * kGiB;
+  r.host_budget = 40 * kGiB;  // the 13B's fp32 state (156 GB) must go to NVMe
+  r.nvme_read_gbs = r.nvme_write_gbs = r.nvme_mixed_gbs = 0.1;
+  const BoundRow b = AnalyzeOne(r, "gpt-13b");
+  ASSERT_TRUE(b.fits) << b.why_not;
+  ASSERT_EQ(b.plan.optimizer, TierKind::kNvme) << PlacementText(b.plan);
+  EXPECT_EQ(b.bound, "NVMe");
+  EXPECT_GE(b.nvme_s, static_cast<double>(b.plan.nvme_read) / 0.1e9);
+}
+
+TEST(OffloadBound, NoRoomAnywhereSaysWhichBudget) {
+  OffloadRates r = Rates();
+  r.host_budget = 8 * kGiB;
+  r.nvme_free = 0;  // no NVMe
+  const BoundRow b = AnalyzeOne(r, "gpt-30b");
+  EXPECT_FALSE(b.fits);
+  EXPECT_NE(b.why_not.find("budget"), std::string::npos) << b.why_not;
+}
+
+TEST(OffloadBound, TooLittleNvmeSpaceIsSaid) {
+  OffloadRates r = Rates();
+  r.gpu_budget = 24 * kGiB;
+  r.host_budget = 40 * kGiB;
+  r.nvme_free = 10 * kGiB;
+  const BoundRow b = AnalyzeOne(r, "gpt-13b");
+  EXPECT_FALSE(b.fits);
+  EXPECT_NE(b.why_not.find("free there"), std::string::npos) << b.why_not;
+}
+
+// The bound table's plan inputs (engine/budgets.h, as strata train makes them)
+// give the plan strata train --dry-run prints for the same config and budgets.
+TEST(BenchPlanInputs, GivesTheDryRunsPlan) {
+  for (const char* device : {"none", "cpu"}) {
+    TrainOptions o;
+    o.backend = "cpu";
+    o.gpu_memory_limit = 2 * kGiB;
+    o.host_memory_limit = 6 * kGiB;
+    Config& c = o.config;
+    c.model = {12, 768, 12, 50304, 1024};
+    c.micro_batch = 4;
+    c.grad_accum = 2;
+    c.train_batch_size = 8;
+    c.bf16 = true;
+    c.gradient_clipping = 0;
+    c.zero.offload_optimizer.device = device;
+    ASSERT_OK_AND_ASSIGN(std::string dry, Trainer::DryRun(o));
+
+    auto be = kernels::MakeCpuBackend(1);
+    ASSERT_OK_AND_ASSIGN(models::ModelSpec spec, ModelSpecFor(c));
+    ASSERT_OK_AND_ASSIGN(PlanInputs in, PlanInputsFor(c, *be, spec, Budgets{2 * kGiB, 6 * kGiB, 0}, false));
+    ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+    EXPECT_NE(dry.find(p.Table(2 * kGiB, 6 * kGiB)), std::string::npos)
+        << "offload_optimizer.device " << device << "\ndry run:\n" << dry << "\nbench:\n" << p.Table(2 * kGiB, 6 * kGiB);
+  }
+}
+
+}  // namespace
+}  // namespace strata::bench

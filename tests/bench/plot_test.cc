@@ -1,0 +1,122 @@
+// engine/plot.h and `strata plot`'s log reader: bad input is refused naming
+// what is wrong; a chart is drawn by gnuplot when it is installed, and its
+// script is written either way.
+#include "engine/plot.h"
+
+#include <fstream>
+
+#include "engine/train_log_plot.h"
+#include "tests/bench/cli_util.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::Exists;
+using ::strata::testing::ReadFile;
+using ::strata::testing::StatusIs;
+using ::strata::testing::TempDir;
+
+void Write(const std::string& path, const std::string& text) {
+  std::ofstream f(path);
+  f << text;
+}
+
+TEST(WritePlot, RefusesSeriesOfUnequalLength) {
+  TempDir dir;
+  PlotPanel p{"t", "x", "y", false, {}, {{"s", {1, 2, 3}, {1, 2}, false}}};
+  EXPECT_THAT(WritePlot(dir.File("a.png"), "t", {p}), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(WritePlot, RefusesAPanelWithoutAPoint) {
+  TempDir dir;
+  PlotPanel p{"empty", "x", "y", false, {}, {{"s", {}, {}, false}}};
+  Status s = WritePlot(dir.File("a.png"), "t", {p});
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(s.ToString().find("empty"), std::string::npos) << s.ToString();
+}
+
+TEST(WritePlot, WritesTheScriptAndThePng) {
+  TempDir dir;
+  PlotPanel p{"bandwidth \"quoted\"", "bytes", "GB/s", true, {{1 << 20, "1M"}, {8 << 20, "8M"}},
+              {{"read", {1 << 20, 8 << 20}, {1.5, 2.5}, false}, {"raw", {1 << 20, 8 << 20}, {1.6, 2.6}, true}}};
+  Status s = WritePlot(dir.File("bw.png"), "title", {p, p});
+  // The script is there whatever happened to gnuplot, with the data in it.
+  const std::string gp = ReadFile(dir.File("bw.gp"));
+  EXPECT_NE(gp.find("8388608 2.5"), std::string::npos) << gp;
+  EXPECT_NE(gp.find("logscale x 2"), std::string::npos);
+  std::string why;
+  if (!PlotToolAvailable(&why)) {
+    EXPECT_THAT(s, StatusIs(StatusCode::kUnavailable));
+    EXPECT_NE(s.ToString().find("gnuplot"), std::string::npos);
+    GTEST_SKIP() << why;
+  }
+  ASSERT_OK(s);
+  const std::string png = ReadFile(dir.File("bw.png"));
+  ASSERT_GT(png.size(), 8u);
+  EXPECT_EQ(png.substr(1, 3), "PNG");
+}
+
+TEST(ReadTrainLog, NamesTheLineAndTheKey) {
+  TempDir dir;
+  Write(dir.File("log.jsonl"), "{\"step\": 1, \"loss\": 5.0, \"tokens_per_s\": 100}\n{\"step\": 2, \"tokens_per_s\": 90}\n");
+  auto r = ReadTrainLog(dir.File("log.jsonl"));
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(r.status().ToString().find("log.jsonl:2"), std::string::npos) << r.status().ToString();
+  EXPECT_NE(r.status().ToString().find("\"loss\""), std::string::npos) << r.status().ToString();
+  Write(dir.File("bad.jsonl"), "not json\n");
+  EXPECT_THAT(ReadTrainLog(dir.File("bad.jsonl")), StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(ReadTrainLog(dir.File("missing.jsonl")), StatusIs(StatusCode::kIoError));
+}
+
+TEST(ReadTrainLog, AStepCountStartingAgainIsTheNextRun) {
+  TempDir dir;
+  Write(dir.File("log.jsonl"),
+        "{\"step\": 1, \"loss\": 5.0, \"tokens_per_s\": 100}\n\n{\"step\": 10, \"loss\": 4.0, \"tokens_per_s\": 120}\n"
+        "{\"step\": 1, \"loss\": 5.1, \"tokens_per_s\": 99}\n");
+  ASSERT_OK_AND_ASSIGN(auto points, ReadTrainLog(dir.File("log.jsonl")));
+  ASSERT_EQ(points.size(), 3u);
+  EXPECT_EQ(points[0].run, 0);
+  EXPECT_EQ(points[1].run, 0);
+  EXPECT_EQ(points[2].run, 1);
+  EXPECT_DOUBLE_EQ(points[1].loss, 4.0);
+  EXPECT_DOUBLE_EQ(points[1].tokens_per_s, 120);
+}
+
+// strata train --log-json, then strata plot on what it wrote.
+TEST(StrataPlot, DrawsWhatStrataTrainLogged) {
+  TempDir dir;
+  const std::string log = dir.File("run.jsonl");
+  auto train = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "train", "--backend", "cpu", "--steps", "3",
+                                       "--log-json", log});
+  ASSERT_EQ(train.rc, 0) << train.output;
+  ASSERT_OK_AND_ASSIGN(auto points, ReadTrainLog(log));
+  EXPECT_GE(points.size(), 2u);  // step 1 and the last are always logged
+  auto plot = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot", log});
+  EXPECT_TRUE(Exists(dir.File("run.gp")));
+  if (!PlotToolAvailable()) {
+    EXPECT_NE(plot.rc, 0);
+    EXPECT_NE(plot.output.find("gnuplot"), std::string::npos) << plot.output;
+    GTEST_SKIP() << "gnuplot is not installed";
+  }
+  ASSERT_EQ(plot.rc, 0) << plot.output;
+  EXPECT_TRUE(Exists(dir.File("run.png")));
+  auto out = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot", log, "-o", dir.File("other.png")});
+  EXPECT_EQ(out.rc, 0) << out.output;
+  EXPECT_TRUE(Exists(dir.File("other.png")));
+}
+
+TEST(StrataPlot, BadArgumentsAreNamed) {
+  auto none = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot"});
+  EXPECT_EQ(none.rc, 2);
+  EXPECT_NE(none.output.find("LOG.jsonl"), std::string::npos) << none.output;
+  auto bogus = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot", "--bogus"});
+  EXPECT_EQ(bogus.rc, 2);
+  EXPECT_NE(bogus.output.find("--bogus"), std::string::npos) << bogus.output;
+  auto help = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot", "--help"});
+  EXPECT_EQ(help.rc, 0);
+  EXPECT_NE(help.output.find("--out"), std::string::npos) << help.output;
+}
+
+}  // namespace
+}  // namespace strata
