@@ -33,7 +33,9 @@ std::string RatioText(double r) {
 
 }  // namespace
 
-Result<Plan> MakePlan(const PlanInputs& in) {
+namespace {
+
+Status CheckInputs(const PlanInputs& in) {
   if (in.n_layer < 1 || in.layer_params == 0 || in.param_bytes == 0)
     return InvalidArgument("planner: the model has no layers or parameters");
   for (const auto* d : {&in.offload_param, &in.offload_optimizer})
@@ -49,243 +51,321 @@ Result<Plan> MakePlan(const PlanInputs& in) {
     return InvalidArgument("planner: zero_optimization.offload_optimizer.ratio " + RatioText(ratio) +
                            " needs offload_optimizer.device \"cpu\" or \"nvme\" (the ratio is the fraction of "
                            "the optimizer state offloaded there; with device \"none\" the planner places it)");
+  return Status::OK();
+}
 
-  const uint64_t n = TotalParams(in);
-  const uint64_t L = static_cast<uint64_t>(in.n_layer);
-  const int64_t n_shards = in.n_layer + 2;
-  // Partial offload: the longest forward-order prefix of whole shards whose
+// What every placement is computed from.
+struct Sizes {
+  uint64_t n = 0, L = 0, A = 1;
+  int64_t n_shards = 0;
+  // Partial offload: the longest forward-order prefix of K whole shards whose
   // parameters are at most (1 - ratio) of all stays on the GPU.
   int64_t K = 0;
-  if (ratio < 1) {
-    const long double keep = (1.0L - static_cast<long double>(ratio)) * static_cast<long double>(n);
-    while (K < n_shards && static_cast<long double>(PrefixParams(in, K + 1)) <= keep) ++K;
-  }
-  const uint64_t gpuN = PrefixParams(in, K);   // parameters whose optimizer state is on the GPU
-  const uint64_t restN = n - gpuN;             // offloaded
-  const uint64_t Kb = static_cast<uint64_t>(std::clamp<int64_t>(K - 1, 0, in.n_layer));  // blocks among them
-  const bool emb_gpu = K >= 1, lnf_gpu = K == n_shards;
-  const uint64_t A = static_cast<uint64_t>(std::max<int64_t>(1, in.grad_accum));
-  const uint64_t param_all = n * in.param_bytes;
+  uint64_t gpuN = 0, restN = 0;  // parameters whose optimizer state is on the GPU / offloaded
+  uint64_t Kb = 0;               // blocks among the GPU-state shards
+  bool emb_gpu = false, lnf_gpu = false;
+  uint64_t param_all = 0;
   // Gradients are stored in one dtype wherever they live (fp32 accumulation
   // happens in the working set's accumulator).
-  const uint64_t gb = in.grad_host_bytes;
-  const uint64_t grad_gpu_all = n * gb;
+  uint64_t gb = 4, grad_gpu_all = 0;
   // One layer's inputs: of all micro-batches (layer-major) or of the one in
   // flight (micro-batch-major); the residual-stream gradients likewise.
-  const uint64_t ck_set = (in.layer_major ? A : 1) * in.checkpoint_bytes;
+  uint64_t ck_set = 0, ck_sets = 0;  // x_0 .. x_L
   // Micro-batch-major with accumulation keeps an fp32 accumulator per layer
   // across the micro-batches (fp32 gradients are their own accumulators).
-  const uint64_t acc_pp = !in.layer_major && A > 1 && gb != 4 ? 4 : 0;  // bytes per parameter
-  const uint64_t acc_all = n * acc_pp;
-  const uint64_t ck_sets = L + 1;                   // x_0 .. x_L
-  const uint64_t layer_p = in.layer_params * in.param_bytes;
-  const uint64_t emb_p = (in.embedding_params + in.final_params) * in.param_bytes;
-  // The GPU-state shards' blocks' parameters (resident whatever `params` says),
-  // and the embedding's and ln_f's that a host optimizer uploads.
-  const uint64_t gpu_blocks_p = Kb * layer_p;
-  const uint64_t emb_rest_p =
-      ((emb_gpu ? 0 : in.embedding_params) + (lnf_gpu ? 0 : in.final_params)) * in.param_bytes;
-  const uint64_t max_block = std::max(in.layer_params, in.embedding_params + in.final_params);
+  uint64_t acc_pp = 0, acc_all = 0;  // bytes per parameter, all
+  uint64_t layer_p = 0, emb_p = 0;
+  // The GPU-state shards' blocks' parameters (resident whatever `params`
+  // says), and the embedding's and ln_f's that a host optimizer uploads.
+  uint64_t gpu_blocks_p = 0, emb_rest_p = 0;
+  uint64_t max_block = 0;
   // The largest shard whose optimizer state is offloaded (what a host
   // optimizer's staging buffers are sized for), and how many there are.
-  const uint64_t max_offloaded = std::max({K == 0 ? in.embedding_params : 0,
-                                           Kb < L ? in.layer_params : 0, lnf_gpu ? 0 : in.final_params});
-  const uint64_t n_offloaded = static_cast<uint64_t>(n_shards - K);
-  const uint64_t align = std::max<uint64_t>(in.host_alignment, 1);
-  const uint64_t opt_staging =
-      3 * std::min<uint64_t>(max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
-
+  uint64_t max_offloaded = 0, n_offloaded = 0;
+  uint64_t align = 4096, opt_staging = 0;
   // What the GPU needs whatever the placement: one layer computing, its fp32
   // gradient accumulator, the residual gradients of A micro-batches, the head.
-  const uint64_t base = in.layer_workspace + in.head_workspace + in.fixed_gpu + max_block * 4 + ck_set;
+  uint64_t base = 0;
+};
 
-  const TierKind kG = TierKind::kGpu, kH = TierKind::kHost, kN = TierKind::kNvme;
+Sizes SizesFor(const PlanInputs& in) {
+  Sizes z;
+  z.n = TotalParams(in);
+  z.L = static_cast<uint64_t>(in.n_layer);
+  z.n_shards = in.n_layer + 2;
+  const double ratio = in.optimizer_offload_ratio;
+  if (ratio < 1) {
+    const long double keep = (1.0L - static_cast<long double>(ratio)) * static_cast<long double>(z.n);
+    while (z.K < z.n_shards && static_cast<long double>(PrefixParams(in, z.K + 1)) <= keep) ++z.K;
+  }
+  z.gpuN = PrefixParams(in, z.K);
+  z.restN = z.n - z.gpuN;
+  z.Kb = static_cast<uint64_t>(std::clamp<int64_t>(z.K - 1, 0, in.n_layer));
+  z.emb_gpu = z.K >= 1, z.lnf_gpu = z.K == z.n_shards;
+  z.A = static_cast<uint64_t>(std::max<int64_t>(1, in.grad_accum));
+  z.param_all = z.n * in.param_bytes;
+  z.gb = in.grad_host_bytes;
+  z.grad_gpu_all = z.n * z.gb;
+  z.ck_set = (in.layer_major ? z.A : 1) * in.checkpoint_bytes;
+  z.acc_pp = !in.layer_major && z.A > 1 && z.gb != 4 ? 4 : 0;
+  z.acc_all = z.n * z.acc_pp;
+  z.ck_sets = z.L + 1;
+  z.layer_p = in.layer_params * in.param_bytes;
+  z.emb_p = (in.embedding_params + in.final_params) * in.param_bytes;
+  z.gpu_blocks_p = z.Kb * z.layer_p;
+  z.emb_rest_p = ((z.emb_gpu ? 0 : in.embedding_params) + (z.lnf_gpu ? 0 : in.final_params)) * in.param_bytes;
+  z.max_block = std::max(in.layer_params, in.embedding_params + in.final_params);
+  z.max_offloaded =
+      std::max({z.K == 0 ? in.embedding_params : 0, z.Kb < z.L ? in.layer_params : 0, z.lnf_gpu ? 0 : in.final_params});
+  z.n_offloaded = static_cast<uint64_t>(z.n_shards - z.K);
+  z.align = std::max<uint64_t>(in.host_alignment, 1);
+  z.opt_staging = 3 * std::min<uint64_t>(z.max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
+  z.base = in.layer_workspace + in.head_workspace + in.fixed_gpu + z.max_block * 4 + z.ck_set;
+  return z;
+}
+
+constexpr TierKind kG = TierKind::kGpu, kH = TierKind::kHost, kN = TierKind::kNvme;
+
+// Where each kind of state lives in one candidate.
+struct Placement {
+  TierKind params, optimizer, grads, checkpoints;
+};
+
+bool Allowed(const PlanInputs& in, const Sizes& z, const Placement& c) {
   auto allowed = [&](const std::string& req, TierKind t) {
     if (req == "cpu") return t == kH;
     if (req == "nvme") return t == kN;
     return t != kN || in.have_nvme;
   };
+  if (!allowed(in.offload_param, c.params) || !allowed(in.offload_optimizer, c.optimizer)) return false;
+  if (in.cpu_checkpointing && c.checkpoints == kG) return false;
+  // GPU Adam reads GPU gradients and writes GPU parameters.
+  if (c.optimizer == kG && (c.params != kG || c.grads != kG)) return false;
+  // Every block's parameters on the GPU already (GPU-state shards): nothing streams.
+  return !(c.params != kG && z.Kb == z.L);
+}
 
-  struct Candidate {
-    Plan plan;
-    double cost = 0;
-  };
-  std::optional<Candidate> best;
-  uint64_t best_gpu_need = UINT64_MAX, best_host_need = UINT64_MAX;
-  for (TierKind pt : {kG, kH, kN})
-    for (TierKind ot : {kG, kH, kN})
-      for (TierKind gt : {kG, kH})
-        for (TierKind ct : {kG, kH}) {
-          if (!allowed(in.offload_param, pt) || !allowed(in.offload_optimizer, ot)) continue;
-          if (in.cpu_checkpointing && ct == kG) continue;
-          // GPU Adam reads GPU gradients and writes GPU parameters.
-          if (ot == kG && (pt != kG || gt != kG)) continue;
-          // Every block's parameters on the GPU already (GPU-state shards): nothing streams.
-          if (pt != kG && Kb == L) continue;
-          Plan p;
-          p.layer_major = in.layer_major;
-          p.params = pt;
-          p.grads = gt;
-          p.optimizer = ot;
-          p.checkpoints = ct;
-          p.params_resident = pt == kG;
-          p.grad_host_bytes = in.grad_host_bytes;
-          p.optimizer_offload_ratio = ratio;
-          p.shards = n_shards;
-          p.optimizer_gpu_shards = K;
-          p.optimizer_gpu_params = gpuN;
-          p.total_params = n;
-          if (restN == 0) p.optimizer = p.grads = kG;  // ratio 0: everything on the GPU
-          uint64_t gpu = base, host = 0, nvme = 0;
-          Plan::Row prow{"parameters"}, grow{"gradients"}, orow{"optimizer (fp32 master, m, v)"},
-              crow{"activation checkpoints"}, wrow{"working set (scratch, grad accumulator, head)"};
-          wrow.gpu = base;
-          // GPU bytes of the GPU-state shards beyond what this placement keeps
-          // there anyway (their optimizer state, their gradients when the
-          // others' leave, their blocks' parameters when the others stream).
-          const uint64_t split_gpu = gpuN * 12 + (gt == kH ? gpuN * (gb + acc_pp) : 0) + (pt != kG ? gpu_blocks_p : 0);
-          int depth = 0;
-          if (pt == kG) {
-            prow.gpu = param_all;
-          } else {
-            // Embedding and ln_f stay on the GPU (used at both ends of the
-            // step); blocks stream through prefetch buffers.
-            const uint64_t fixed = gpu + emb_p + split_gpu;
-            uint64_t left = in.gpu_budget > fixed ? in.gpu_budget - fixed : 0;
-            int want = in.prefetch_depth > 0 ? in.prefetch_depth : 4;
-            depth = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(want) + 1, left / layer_p));
-            depth = std::max(depth - 1, 1);  // one buffer computes, `depth` prefetch
-            prow.gpu = emb_p + static_cast<uint64_t>(depth + 1) * layer_p + gpu_blocks_p;
-            (pt == kH ? prow.host : prow.nvme) = param_all - gpu_blocks_p;
-            if (pt == kN) prow.host = static_cast<uint64_t>(depth + 1) * layer_p;  // staging
-          }
-          p.prefetch_depth = p.params_resident ? 0 : depth;
-          if (gt == kG) {
-            grow.gpu = grad_gpu_all + acc_all;
-          } else {
-            grow.gpu = gpuN * (gb + acc_pp);
-            grow.host = restN * (gb + acc_pp);
-          }
-          grow.kind = gb == 4 ? "gradients (fp32)" : gt == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
-          orow.gpu = gpuN * 12;
-          (ot == kG ? orow.gpu : ot == kH ? orow.host : orow.nvme) += restN * 12;
-          if (ot == kN && restN > 0) orow.host = opt_staging;
-          for (const auto* r : {&prow, &grow, &orow}) gpu += r->gpu, host += r->host, nvme += r->nvme;
-          // Checkpoints: all on the GPU, or as many of the last sets as fit.
-          uint64_t gpu_sets = 0;
-          if (ct == kG) {
-            gpu_sets = ck_sets;
-          } else if (!in.cpu_checkpointing && ck_set > 0) {
-            uint64_t left = in.gpu_budget > gpu ? in.gpu_budget - gpu : 0;
-            gpu_sets = std::min<uint64_t>(ck_sets - 1, left / ck_set);  // ct == kH: at least one on the host
-          }
-          crow.gpu = gpu_sets * ck_set;
-          crow.host = (ck_sets - gpu_sets) * ck_set;
-          gpu += crow.gpu;
-          host += crow.host;
-          // The host tier's own: staging, counts, NVMe staging, page rounding.
-          Plan::Row srow{"host staging (optimizer, nvme) and page rounding"};
-          uint64_t host_tensors = (pt == kH ? L - Kb : 0) + (ck_sets - gpu_sets) * (in.layer_major ? A : 1);
-          if (ot != kG && restN > 0) {
-            if (gt == kG) srow.host += AlignUp(max_offloaded * gb, align);
-            const bool params_up = pt == kG || !emb_gpu || !lnf_gpu;  // offloaded shards with GPU-homed parameters
-            if (params_up) srow.host += 2 * AlignUp(max_offloaded * in.param_bytes, align);
-            srow.host += AlignUp(4 * static_cast<uint64_t>(n_shards), align);  // non-finite counts
-            host_tensors += n_offloaded * ((gt == kH ? 1 + (acc_pp ? 1 : 0) : 0) + (ot == kH ? 3 : 0));
-            if (ot == kN) host_tensors += 9;  // three shards' master/m/v in the host window
-          }
-          if (ot == kN || pt == kN) srow.host += in.nvme_staging_bytes;
-          srow.host += host_tensors * align;
-          host += srow.host;
-          p.checkpoint_gpu_layers = static_cast<int64_t>(gpu_sets);
-          const bool gpu_ok = gpu <= in.gpu_budget, host_ok = host <= in.host_budget;
-          if (!gpu_ok) best_gpu_need = std::min(best_gpu_need, gpu);
-          if (gpu_ok && !host_ok) best_host_need = std::min(best_host_need, host);
-          if (!gpu_ok || !host_ok) continue;
-
-          // Bytes over each link per step.
-          const uint64_t passes = in.layer_major ? 1 : A;
-          if (!p.params_resident) p.h2d += 2 * passes * (L - Kb) * layer_p;  // forward and backward
-          if (ot != kG && restN > 0) {
-            // The optimizer reads every offloaded shard's gradient once;
-            // every updated parameter with a GPU home goes back once (all of
-            // them when resident; the embedding's and ln_f's when the blocks
-            // stream: streamed ones come back through the uploads above).
-            // The GPU-state shards' stay on the GPU.
-            p.d2h += restN * gb;
-            p.h2d += p.params_resident ? restN * in.param_bytes : emb_rest_p;
-          }
-          // Host checkpoints go down in the forward and come back for the
-          // backward, but for the head's input (x_L, the last set: on the host
-          // only when none stays on the GPU), which the backward never reads.
-          const uint64_t host_ck = crow.host;
-          p.d2h += passes * host_ck;
-          p.h2d += passes * (host_ck - (gpu_sets == 0 && ct == kH ? ck_set : 0));
-          // Micro-batch-major: host accumulators go up and down between micro-batches.
-          if (!in.layer_major && A > 1 && gt == kH) {
-            const uint64_t acc = restN * (acc_pp ? acc_pp : gb);
-            p.d2h += (A - 1) * acc;
-            p.h2d += (A - 1) * acc;
-          }
-          if (ot == kN) p.nvme_read += restN * 12, p.nvme_write += restN * 12;
-          if (pt == kN) p.nvme_read += 2 * passes * (L - Kb) * layer_p, p.nvme_write += param_all - gpu_blocks_p;
-          p.rows = {prow, grow, orow, crow, wrow, srow};
-          p.gpu_total = gpu;
-          p.host_total = host;
-          p.nvme_total = nvme;
-          // Relative transfer time: PCIe ~25x faster than a disk.
-          double cost = static_cast<double>(p.h2d + p.d2h) + 25.0 * static_cast<double>(p.nvme_read + p.nvme_write);
-          if (!best || cost < best->cost || (cost == best->cost && host < best->plan.host_total))
-            best = Candidate{p, cost};
-        }
-  if (best) {
-    Plan& p = best->plan;
-    // The speculative update's second master/m/v, beside the first.
-    if (in.speculative_state && p.optimizer == kH && restN > 0) {
-      // Three more host tensors per offloaded shard, each page-rounded.
-      p.speculative_bytes = restN * 12;
-      const uint64_t rounding = 3 * n_offloaded * align;
-      p.speculative_fits = p.host_total + p.speculative_bytes + rounding <= in.host_budget;
-      if (p.speculative_fits) {
-        // Right after the optimizer's own row (rows: params, grads, optimizer, checkpoints, working set, staging).
-        p.rows.insert(p.rows.begin() + 3, Plan::Row{kSpeculativeRow, 0, p.speculative_bytes, 0});
-        p.rows.back().host += rounding;
-        p.host_total += p.speculative_bytes + rounding;
-      }
-    }
-    return p;
+// The parameters', gradients' and optimizer state's rows (and the prefetch
+// depth), on a GPU that has `gpu` bytes taken already.
+void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64_t gpu, Plan* p) {
+  Plan::Row prow{"parameters"}, grow{"gradients"}, orow{"optimizer (fp32 master, m, v)"};
+  // GPU bytes of the GPU-state shards beyond what this placement keeps there
+  // anyway (their optimizer state, their gradients when the others' leave,
+  // their blocks' parameters when the others stream).
+  const uint64_t split_gpu = z.gpuN * 12 + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
+                             (c.params != kG ? z.gpu_blocks_p : 0);
+  int depth = 0;
+  if (c.params == kG) {
+    prow.gpu = z.param_all;
+  } else {
+    // Embedding and ln_f stay on the GPU (used at both ends of the step);
+    // blocks stream through prefetch buffers.
+    const uint64_t fixed = gpu + z.emb_p + split_gpu;
+    const uint64_t left = in.gpu_budget > fixed ? in.gpu_budget - fixed : 0;
+    const int want = in.prefetch_depth > 0 ? in.prefetch_depth : 4;
+    depth = static_cast<int>(std::min<uint64_t>(static_cast<uint64_t>(want) + 1, left / z.layer_p));
+    depth = std::max(depth - 1, 1);  // one buffer computes, `depth` prefetch
+    prow.gpu = z.emb_p + static_cast<uint64_t>(depth + 1) * z.layer_p + z.gpu_blocks_p;
+    (c.params == kH ? prow.host : prow.nvme) = z.param_all - z.gpu_blocks_p;
+    if (c.params == kN) prow.host = static_cast<uint64_t>(depth + 1) * z.layer_p;  // staging
   }
-  if (best_gpu_need != UINT64_MAX && best_host_need == UINT64_MAX) {
+  p->prefetch_depth = p->params_resident ? 0 : depth;
+  if (c.grads == kG) {
+    grow.gpu = z.grad_gpu_all + z.acc_all;
+  } else {
+    grow.gpu = z.gpuN * (z.gb + z.acc_pp);
+    grow.host = z.restN * (z.gb + z.acc_pp);
+  }
+  grow.kind = z.gb == 4 ? "gradients (fp32)" : c.grads == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
+  orow.gpu = z.gpuN * 12;
+  (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.restN * 12;
+  if (c.optimizer == kN && z.restN > 0) orow.host = z.opt_staging;
+  p->rows = {prow, grow, orow};
+}
+
+// Checkpoints: all on the GPU, or as many of the last sets as fit beside `gpu`.
+Plan::Row PlaceCheckpoints(const PlanInputs& in, const Sizes& z, const Placement& c, uint64_t gpu, Plan* p) {
+  uint64_t gpu_sets = 0;
+  if (c.checkpoints == kG) {
+    gpu_sets = z.ck_sets;
+  } else if (!in.cpu_checkpointing && z.ck_set > 0) {
+    const uint64_t left = in.gpu_budget > gpu ? in.gpu_budget - gpu : 0;
+    gpu_sets = std::min<uint64_t>(z.ck_sets - 1, left / z.ck_set);  // on the host: at least one set there
+  }
+  p->checkpoint_gpu_layers = static_cast<int64_t>(gpu_sets);
+  Plan::Row crow{"activation checkpoints"};
+  crow.gpu = gpu_sets * z.ck_set;
+  crow.host = (z.ck_sets - gpu_sets) * z.ck_set;
+  return crow;
+}
+
+// The host tier's own: a host optimizer's staging, the non-finite counts,
+// the NVMe staging, each host allocation's page rounding.
+Plan::Row HostStaging(const PlanInputs& in, const Sizes& z, const Placement& c, const Plan& p) {
+  Plan::Row srow{"host staging (optimizer, nvme) and page rounding"};
+  const uint64_t host_sets = z.ck_sets - static_cast<uint64_t>(p.checkpoint_gpu_layers);
+  uint64_t host_tensors = (c.params == kH ? z.L - z.Kb : 0) + host_sets * (in.layer_major ? z.A : 1);
+  if (c.optimizer != kG && z.restN > 0) {
+    if (c.grads == kG) srow.host += AlignUp(z.max_offloaded * z.gb, z.align);
+    const bool params_up = c.params == kG || !z.emb_gpu || !z.lnf_gpu;  // offloaded shards with GPU-homed parameters
+    if (params_up) srow.host += 2 * AlignUp(z.max_offloaded * in.param_bytes, z.align);
+    srow.host += AlignUp(4 * static_cast<uint64_t>(z.n_shards), z.align);  // non-finite counts
+    host_tensors += z.n_offloaded * ((c.grads == kH ? 1 + (z.acc_pp ? 1 : 0) : 0) + (c.optimizer == kH ? 3 : 0));
+    if (c.optimizer == kN) host_tensors += 9;  // three shards' master/m/v in the host window
+  }
+  if (c.optimizer == kN || c.params == kN) srow.host += in.nvme_staging_bytes;
+  srow.host += host_tensors * z.align;
+  return srow;
+}
+
+// Bytes over each link per step.
+void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64_t host_ck, Plan* p) {
+  const uint64_t passes = in.layer_major ? 1 : z.A;
+  if (!p->params_resident) p->h2d += 2 * passes * (z.L - z.Kb) * z.layer_p;  // forward and backward
+  if (c.optimizer != kG && z.restN > 0) {
+    // The optimizer reads every offloaded shard's gradient once; every
+    // updated parameter with a GPU home goes back once (all of them when
+    // resident; the embedding's and ln_f's when the blocks stream: streamed
+    // ones come back through the uploads above). The GPU-state shards' stay
+    // on the GPU.
+    p->d2h += z.restN * z.gb;
+    p->h2d += p->params_resident ? z.restN * in.param_bytes : z.emb_rest_p;
+  }
+  // Host checkpoints go down in the forward and come back for the backward,
+  // but for the head's input (x_L, the last set: on the host only when none
+  // stays on the GPU), which the backward never reads.
+  p->d2h += passes * host_ck;
+  p->h2d += passes * (host_ck - (p->checkpoint_gpu_layers == 0 && c.checkpoints == kH ? z.ck_set : 0));
+  // Micro-batch-major: host accumulators go up and down between micro-batches.
+  if (!in.layer_major && z.A > 1 && c.grads == kH) {
+    const uint64_t acc = z.restN * (z.acc_pp ? z.acc_pp : z.gb);
+    p->d2h += (z.A - 1) * acc;
+    p->h2d += (z.A - 1) * acc;
+  }
+  if (c.optimizer == kN) p->nvme_read += z.restN * 12, p->nvme_write += z.restN * 12;
+  if (c.params == kN) {
+    p->nvme_read += 2 * passes * (z.L - z.Kb) * z.layer_p;
+    p->nvme_write += z.param_all - z.gpu_blocks_p;
+  }
+}
+
+// One candidate: its rows and totals, and its traffic (the totals first: the
+// caller keeps only what fits).
+Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
+  Plan p;
+  p.layer_major = in.layer_major;
+  p.params = c.params;
+  p.grads = c.grads;
+  p.optimizer = c.optimizer;
+  p.checkpoints = c.checkpoints;
+  p.params_resident = c.params == kG;
+  p.grad_host_bytes = in.grad_host_bytes;
+  p.optimizer_offload_ratio = in.optimizer_offload_ratio;
+  p.shards = z.n_shards;
+  p.optimizer_gpu_shards = z.K;
+  p.optimizer_gpu_params = z.gpuN;
+  p.total_params = z.n;
+  if (z.restN == 0) p.optimizer = p.grads = kG;  // ratio 0: everything on the GPU
+  uint64_t gpu = z.base, host = 0, nvme = 0;
+  PlaceState(in, z, c, gpu, &p);
+  for (const Plan::Row& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
+  const Plan::Row crow = PlaceCheckpoints(in, z, c, gpu, &p);
+  gpu += crow.gpu;
+  host += crow.host;
+  const Plan::Row srow = HostStaging(in, z, c, p);
+  host += srow.host;
+  Plan::Row wrow{"working set (scratch, grad accumulator, head)"};
+  wrow.gpu = z.base;
+  p.rows.push_back(crow);
+  p.rows.push_back(wrow);
+  p.rows.push_back(srow);
+  p.gpu_total = gpu;
+  p.host_total = host;
+  p.nvme_total = nvme;
+  AddTraffic(in, z, c, crow.host, &p);
+  return p;
+}
+
+// The speculative update's second master/m/v, beside the first, if the host
+// budget has room: three more host tensors per offloaded shard, each
+// page-rounded.
+void AddSpeculativeSet(const PlanInputs& in, const Sizes& z, Plan* p) {
+  if (!in.speculative_state || p->optimizer != kH || z.restN == 0) return;
+  p->speculative_bytes = z.restN * 12;
+  const uint64_t rounding = 3 * z.n_offloaded * z.align;
+  p->speculative_fits = p->host_total + p->speculative_bytes + rounding <= in.host_budget;
+  if (!p->speculative_fits) return;
+  // Right after the optimizer's own row (rows: params, grads, optimizer, checkpoints, working set, staging).
+  p->rows.insert(p->rows.begin() + 3, Plan::Row{kSpeculativeRow, 0, p->speculative_bytes, 0});
+  p->rows.back().host += rounding;
+  p->host_total += p->speculative_bytes + rounding;
+}
+
+// No candidate fits: the budget that is short, by how much, and what to do.
+Status NoPlanFits(const PlanInputs& in, const Sizes& z, uint64_t gpu_need, uint64_t host_need) {
+  if (gpu_need != UINT64_MAX && host_need == UINT64_MAX) {
     std::string because, hint = "raise --gpu-memory-limit, or lower the micro-batch / sequence length";
-    if (K > 0) {
+    if (z.K > 0) {
       // Is the ratio the cause? The same request with everything offloaded.
       PlanInputs all = in;
       all.optimizer_offload_ratio = 1.0;
       auto r = MakePlan(all);
       const bool fits = r.ok() || r.status().tier() != TierKind::kGpu;
-      because = " with zero_optimization.offload_optimizer.ratio " + RatioText(ratio) + " (" +
-                (K == n_shards ? "all " + std::to_string(n_shards)
-                               : "the first " + std::to_string(K) + " of " + std::to_string(n_shards)) +
-                " shards' optimizer state, gradients and parameters, " + std::to_string(gpuN) +
+      because = " with zero_optimization.offload_optimizer.ratio " + RatioText(in.optimizer_offload_ratio) + " (" +
+                (z.K == z.n_shards ? "all " + std::to_string(z.n_shards)
+                                   : "the first " + std::to_string(z.K) + " of " + std::to_string(z.n_shards)) +
+                " shards' optimizer state, gradients and parameters, " + std::to_string(z.gpuN) +
                 " parameters, on the GPU)";
       if (fits)
         hint = "raise zero_optimization.offload_optimizer.ratio or --gpu-memory-limit; at ratio 1 the plan fits";
     }
-    return OutOfMemory(TierKind::kGpu, best_gpu_need, in.gpu_budget,
+    return OutOfMemory(TierKind::kGpu, gpu_need, in.gpu_budget,
                        "no placement fits the GPU budget" + because + ": the smallest plan needs " +
-                           FormatBytes(best_gpu_need) + " of GPU memory, " +
-                           FormatBytes(best_gpu_need - in.gpu_budget) + " more than the budget of " +
-                           FormatBytes(in.gpu_budget) + " (" + hint + ")");
+                           FormatBytes(gpu_need) + " of GPU memory, " + FormatBytes(gpu_need - in.gpu_budget) +
+                           " more than the budget of " + FormatBytes(in.gpu_budget) + " (" + hint + ")");
   }
-  uint64_t need = best_host_need == UINT64_MAX ? 0 : best_host_need;
-  std::string hint = in.have_nvme ? "raise --host-memory-limit"
-                                  : "raise --host-memory-limit, or give an nvme_path in "
-                                    "zero_optimization.offload_optimizer to put optimizer state on NVMe";
+  const uint64_t need = host_need == UINT64_MAX ? 0 : host_need;
+  const std::string hint = in.have_nvme ? "raise --host-memory-limit"
+                                        : "raise --host-memory-limit, or give an nvme_path in "
+                                          "zero_optimization.offload_optimizer to put optimizer state on NVMe";
   return OutOfMemory(TierKind::kHost, need, in.host_budget,
                      "no placement fits the host budget: the smallest plan that fits the GPU needs " +
                          FormatBytes(need) + " of host memory, " +
-                         FormatBytes(need > in.host_budget ? need - in.host_budget : 0) +
-                         " more than the budget of " + FormatBytes(in.host_budget) + " (" + hint + ")");
+                         FormatBytes(need > in.host_budget ? need - in.host_budget : 0) + " more than the budget of " +
+                         FormatBytes(in.host_budget) + " (" + hint + ")");
+}
+
+}  // namespace
+
+// Of the placements that fit both budgets, the one with the least expected
+// transfer time (PCIe ~25x faster than a disk); ties go to less host memory.
+Result<Plan> MakePlan(const PlanInputs& in) {
+  RETURN_IF_ERROR(CheckInputs(in));
+  const Sizes z = SizesFor(in);
+  std::optional<Plan> best;
+  double best_cost = 0;
+  uint64_t gpu_need = UINT64_MAX, host_need = UINT64_MAX;
+  for (TierKind pt : {kG, kH, kN})
+    for (TierKind ot : {kG, kH, kN})
+      for (TierKind gt : {kG, kH})
+        for (TierKind ct : {kG, kH}) {
+          const Placement c{pt, ot, gt, ct};
+          if (!Allowed(in, z, c)) continue;
+          const Plan p = Place(in, z, c);
+          const bool gpu_ok = p.gpu_total <= in.gpu_budget, host_ok = p.host_total <= in.host_budget;
+          if (!gpu_ok) gpu_need = std::min(gpu_need, p.gpu_total);
+          if (gpu_ok && !host_ok) host_need = std::min(host_need, p.host_total);
+          if (!gpu_ok || !host_ok) continue;
+          const double cost =
+              static_cast<double>(p.h2d + p.d2h) + 25.0 * static_cast<double>(p.nvme_read + p.nvme_write);
+          if (!best || cost < best_cost || (cost == best_cost && p.host_total < best->host_total)) {
+            best = p;
+            best_cost = cost;
+          }
+        }
+  if (!best) return NoPlanFits(in, z, gpu_need, host_need);
+  AddSpeculativeSet(in, z, &*best);
+  return *best;
 }
 
 std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {

@@ -63,7 +63,45 @@ Result<std::vector<Out>> Convert(const SafetensorsFile& f, const std::string& na
 
 }  // namespace
 
-Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+namespace {
+
+// One tensor's header entry, checked against the data section of
+// `data_bytes` bytes that starts `header_end` bytes into the file.
+Result<SafetensorsEntry> ParseEntry(const std::string& path, const std::string& name, const nlohmann::json& v,
+                                    uint64_t data_bytes, uint64_t header_end) {
+  try {
+    SafetensorsEntry e;
+    e.name = name;
+    auto dt = ParseSafetensorsDType(v.at("dtype").get<std::string>());
+    if (!dt) return Bad(path, "tensor '" + name + "' has unsupported dtype " + v.at("dtype").dump());
+    e.dtype = *dt;
+    std::vector<int64_t> dims = v.at("shape").get<std::vector<int64_t>>();
+    auto shape = Shape::Make(dims);
+    if (!shape.ok()) return Bad(path, "tensor '" + name + "': " + std::string(shape.status().message()));
+    e.shape = *shape;
+    auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
+    if (off.size() != 2 || off[1] < off[0])
+      return Bad(path, "tensor '" + name + "' has bad data_offsets " + v.at("data_offsets").dump());
+    if (off[1] > data_bytes)
+      return DataLoss("safetensors file is truncated: tensor '" + name + "' ends at data offset " +
+                          std::to_string(off[1]) + " but the data section has " + std::to_string(data_bytes) +
+                          " bytes",
+                      path, header_end + off[1]);
+    e.offset = off[0];
+    e.bytes = off[1] - off[0];
+    const uint64_t want = static_cast<uint64_t>(e.shape.numel()) * DTypeSize(e.dtype);
+    if (want != e.bytes)
+      return Bad(path, "tensor '" + name + "' is " + std::to_string(e.bytes) + " bytes but its shape " +
+                           e.shape.ToString() + " and dtype " + std::string(DTypeName(e.dtype)) + " need " +
+                           std::to_string(want));
+    return e;
+  } catch (const nlohmann::json::exception& ex) {
+    return Bad(path, "tensor '" + name + "': " + ex.what());
+  }
+}
+
+// The whole file mapped read-only; *size its bytes (at least the 8-byte header length).
+Result<void*> MapFile(const std::string& path, uint64_t* size) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open safetensors file", path);
   struct stat st {};
@@ -72,16 +110,23 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
     ::close(fd);
     return s;
   }
-  uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8) {
+  *size = static_cast<uint64_t>(st.st_size);
+  if (*size < 8) {
     ::close(fd);
-    return Bad(path, "file is " + std::to_string(size) + " bytes, shorter than the 8-byte header length");
+    return Bad(path, "file is " + std::to_string(*size) + " bytes, shorter than the 8-byte header length");
   }
-  void* map = mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = mmap(nullptr, *size, PROT_READ, MAP_PRIVATE, fd, 0);
   Status map_err = map == MAP_FAILED ? ErrnoStatus("cannot mmap safetensors file", path) : Status::OK();
   ::close(fd);
   RETURN_IF_ERROR(map_err);
+  return map;
+}
 
+}  // namespace
+
+Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
+  uint64_t size = 0;
+  ASSIGN_OR_RETURN(void* map, MapFile(path, &size));
   SafetensorsFile f;
   f.path_ = path;
   f.map_ = map;
@@ -90,10 +135,9 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
   uint64_t n = 0;
   std::memcpy(&n, base, 8);  // little-endian host (x86-64)
   if (n > kMaxHeader || n > size - 8)
-    return Bad(path, "header length " + std::to_string(n) + " exceeds the file (" +
-                         std::to_string(size) + " bytes)");
+    return Bad(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size) + " bytes)");
   f.data_ = base + 8 + n;
-  uint64_t data_bytes = size - 8 - n;
+  const uint64_t data_bytes = size - 8 - n;
   nlohmann::json header;
   try {
     header = nlohmann::json::parse(base + 8, base + 8 + n);
@@ -113,37 +157,10 @@ Result<SafetensorsFile> SafetensorsFile::Open(const std::string& path) {
       }
       continue;
     }
-    try {
-      SafetensorsEntry e;
-      e.name = name;
-      auto dt = ParseSafetensorsDType(v.at("dtype").get<std::string>());
-      if (!dt) return Bad(path, "tensor '" + name + "' has unsupported dtype " + v.at("dtype").dump());
-      e.dtype = *dt;
-      std::vector<int64_t> dims = v.at("shape").get<std::vector<int64_t>>();
-      auto shape = Shape::Make(dims);
-      if (!shape.ok()) return Bad(path, "tensor '" + name + "': " + std::string(shape.status().message()));
-      e.shape = *shape;
-      auto off = v.at("data_offsets").get<std::vector<uint64_t>>();
-      if (off.size() != 2 || off[1] < off[0])
-        return Bad(path, "tensor '" + name + "' has bad data_offsets " + v.at("data_offsets").dump());
-      if (off[1] > data_bytes)
-        return DataLoss("safetensors file is truncated: tensor '" + name + "' ends at data offset " +
-                            std::to_string(off[1]) + " but the data section has " +
-                            std::to_string(data_bytes) + " bytes",
-                        path, 8 + n + off[1]);
-      e.offset = off[0];
-      e.bytes = off[1] - off[0];
-      uint64_t want = static_cast<uint64_t>(e.shape.numel()) * DTypeSize(e.dtype);
-      if (want != e.bytes)
-        return Bad(path, "tensor '" + name + "' is " + std::to_string(e.bytes) + " bytes but its shape " +
-                             e.shape.ToString() + " and dtype " + std::string(DTypeName(e.dtype)) +
-                             " need " + std::to_string(want));
-      ranges.emplace_back(off[0], off[1]);
-      f.index_[name] = f.entries_.size();
-      f.entries_.push_back(std::move(e));
-    } catch (const nlohmann::json::exception& ex) {
-      return Bad(path, "tensor '" + name + "': " + ex.what());
-    }
+    ASSIGN_OR_RETURN(SafetensorsEntry e, ParseEntry(path, name, v, data_bytes, 8 + n));
+    ranges.emplace_back(e.offset, e.offset + e.bytes);
+    f.index_[name] = f.entries_.size();
+    f.entries_.push_back(std::move(e));
   }
   std::sort(ranges.begin(), ranges.end());
   for (size_t i = 1; i < ranges.size(); ++i)

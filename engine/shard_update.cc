@@ -91,22 +91,8 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
   if (sh.opt_home == TierKind::kGpu) return UpdateOnGpu(sh, j, how);
 
   // Host optimizer (state on the host or streamed from NVMe through it).
-  const void* grad = nullptr;
-  bool grad_acquired = false;
-  if (sh.g_home == TierKind::kGpu) {
-    // Gradients accumulated on the GPU come down through the staging buffer.
-    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-    auto t = ctx_.copies->Copy(j.step, CopyDirection::kDeviceToHost, grad_staging_.data(), g.data,
-                               n * DTypeSize(lay.grad_dtype));
-    Status cs = t.ok() ? t->Wait() : t.status();
-    RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
-    RETURN_IF_ERROR(cs);
-    grad = grad_staging_.data();
-  } else {
-    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kHost, Access::kRead));
-    grad = g.data;
-    grad_acquired = true;
-  }
+  const bool grad_acquired = sh.g_home != TierKind::kGpu;  // (else it came down into the staging)
+  ASSIGN_OR_RETURN(const void* grad, HostGradient(sh, j.step));
   const bool spec = how.speculative;
   const Access state_access = spec ? Access::kRead : Access::kReadWrite;
   ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
@@ -159,13 +145,36 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     if (sh.p_home == TierKind::kNvme) RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
     return CopyTicket{};
   }
-  // Upload the new parameters into their GPU home, without waiting: the next
-  // shard's update runs meanwhile, the forward's stream waits for the upload
-  // on the GPU, and the store orders any later use of the memory after it
-  // (Release on the copy stream).
+  return UploadParams(sh, j.step, pout);
+}
+
+// The shard's gradient in host memory: its host home, acquired (released by
+// the caller), or, homed on the GPU, brought down through the staging buffer.
+Result<const void*> HostShardUpdate::HostGradient(Shard& sh, int64_t job_step) {
+  TierStore* store = ctx_.store;
+  if (sh.g_home != TierKind::kGpu) {
+    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kHost, Access::kRead));
+    return static_cast<const void*>(g.data);
+  }
+  ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
+  auto t = ctx_.copies->Copy(job_step, CopyDirection::kDeviceToHost, grad_staging_.data(), g.data,
+                             static_cast<uint64_t>(sh.numel) * DTypeSize(ctx_.state->layout().grad_dtype));
+  Status cs = t.ok() ? t->Wait() : t.status();
+  RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
+  RETURN_IF_ERROR(cs);
+  return static_cast<const void*>(grad_staging_.data());
+}
+
+// Uploads the new parameters (in the staging slot `pout`) into their GPU
+// home, without waiting: the next shard's update runs meanwhile, the
+// forward's stream waits for the upload on the GPU, and the store orders any
+// later use of the memory after it (Release on the copy stream).
+Result<CopyTicket> HostShardUpdate::UploadParams(Shard& sh, int64_t job_step, const void* pout) {
+  TierStore* store = ctx_.store;
   CopyEngine* ce = store->copy_engine();
   ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
-  auto t = ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, p.data, pout, n * DTypeSize(lay.dtype));
+  auto t = ctx_.copies->Copy(job_step, CopyDirection::kHostToDevice, p.data, pout,
+                             static_cast<uint64_t>(sh.numel) * DTypeSize(ctx_.state->layout().dtype));
   Status cs = t.status();
   void* cstream = ctx_.cuda() ? ce->stream(CopyDirection::kHostToDevice) : nullptr;
   if (cs.ok() && !ctx_.cuda()) cs = t->Wait();  // the stand-in has no stream to order on

@@ -66,6 +66,8 @@ class HostShardUpdate final : public ShardUpdater {
  private:
   HostShardUpdate(const ShardUpdateContext& ctx, const OffloadConfig& o) : ctx_(ctx), offload_(o) {}
   Result<CopyTicket> UpdateOnGpu(Shard& sh, const OptJob& j, const ShardHow& how);
+  Result<const void*> HostGradient(Shard& sh, int64_t job_step);
+  Result<CopyTicket> UploadParams(Shard& sh, int64_t job_step, const void* pout);
 
   ShardUpdateContext ctx_;
   OffloadConfig offload_;

@@ -51,4 +51,7 @@ struct TrainOptions {
   int64_t inject_nonfinite_step = 0;
 };
 
+// The steps a run trains: --steps, else the config's trainer.steps.
+inline int64_t TotalSteps(const TrainOptions& o) { return o.steps >= 0 ? o.steps : o.config.trainer.steps; }
+
 }  // namespace strata
