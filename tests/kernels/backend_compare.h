@@ -30,10 +30,11 @@ namespace strata::testing {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// A fresh seed per call (printed by the tests so a failure can be replayed).
+// A fresh seed per call, or STRATA_TEST_SEED when set: the tests name it in
+// their failure messages (SeedNote) so that a failure can be replayed.
 inline uint64_t FreshSeed() {
   static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return TestSeed((static_cast<uint64_t>(rd()) << 32) ^ rd());
 }
 
 // float values -> bytes of `dt` (f32, f16, bf16), rounding to nearest even.

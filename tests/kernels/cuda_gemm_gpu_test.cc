@@ -57,7 +57,7 @@ class CudaGemmTest : public CudaVsCpu, public ::testing::TestWithParam<GemmCase>
 
 TEST_P(CudaGemmTest, MatchesCpu) {
   const GemmCase p = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   // Stored shapes (row-major): A is m x k (or k x m), B is k x n (or n x k).
   const int64_t a_rows = p.ta ? p.k : p.m, a_cols = p.ta ? p.m : p.k;
@@ -355,7 +355,7 @@ TEST_F(CudaGemmRunnerTest, TuningKeepsTheBitsAndTheAccumulatedC) {
     return std::move(buf).value();
   };
   const uint64_t seed = ::strata::testing::FreshSeed();
-  SCOPED_TRACE("seed " + std::to_string(seed));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed));
   DeviceBuffer A = up(::strata::testing::RandomFloats(m * k, seed, -1.f, 1.f));
   DeviceBuffer B = up(::strata::testing::RandomFloats(k * n, seed + 1, -1.f, 1.f));
   DeviceBuffer bias = up(::strata::testing::RandomFloats(n, seed + 2, -1.f, 1.f));

@@ -48,7 +48,7 @@ class CudaLayerNormTest : public CudaVsCpu, public ::testing::TestWithParam<LnPa
 
 TEST_P(CudaLayerNormTest, ForwardMatchesCpu) {
   auto [dt, N, C] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   auto x = mir.MakeFloats(Shifted(RandomFloats(N * C, seed_, -2.f, 2.f), 0.7f), dt);
   auto w = mir.MakeFloats(RandomFloats(C, seed_ + 1, 0.5f, 1.5f), dt);
@@ -67,7 +67,7 @@ TEST_P(CudaLayerNormTest, ForwardMatchesCpu) {
 
 TEST_P(CudaLayerNormTest, BackwardMatchesCpu) {
   auto [dt, N, C] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   auto x = mir.MakeFloats(Shifted(RandomFloats(N * C, seed_, -2.f, 2.f), 0.7f), dt);
   auto w = mir.MakeFloats(RandomFloats(C, seed_ + 1, 0.5f, 1.5f), dt);
@@ -146,7 +146,7 @@ double GeluErr(const std::vector<double>& g, const std::vector<double>& r, const
 
 TEST_P(CudaElementwiseTest, GeluForwardBackwardMatchCpu) {
   auto [dt, n, mis] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const int64_t len = n + 1;
   auto x = mir.MakeFloats(RandomFloats(len, seed_, -5.f, 5.f), dt);
@@ -178,7 +178,7 @@ TEST_P(CudaElementwiseTest, GeluForwardBackwardMatchCpu) {
 
 TEST_P(CudaElementwiseTest, AddAndScaleMatchCpu) {
   auto [dt, n, mis] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const int64_t len = n + 1;
   auto a = mir.MakeFloats(RandomFloats(len, seed_, -3.f, 3.f), dt);
@@ -217,7 +217,7 @@ class CudaCastTest : public CudaVsCpu, public ::testing::TestWithParam<std::tupl
 
 TEST_P(CudaCastTest, BitwiseEqualToCpuIncludingSpecials) {
   auto [src_dt, dst_dt] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   std::vector<float> v = RandomFloats(1003, seed_, -3e4f, 3e4f);
   const float specials[] = {0.f, -0.f, 1e-40f, -1e-42f, 6e-8f, 3e-5f, 65504.f, 65520.f, 1e6f,
@@ -260,7 +260,7 @@ class CudaBiasBackwardTest : public CudaVsCpu, public ::testing::TestWithParam<B
 
 TEST_P(CudaBiasBackwardTest, MatchesCpu) {
   auto [dt, m, n] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   auto dy = mir.MakeFloats(RandomFloats(m * n, seed_), dt);
   for (DType gdt : {kF32, dt}) {
@@ -306,7 +306,7 @@ std::vector<int32_t> SkewedTokens(int64_t n, int64_t V, uint64_t seed) {
 
 TEST_P(CudaEmbeddingTest, ForwardAndBackwardMatchCpu) {
   auto [dt, T, C] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const int64_t B = 3, V = 1000, Vp = 1024;
   auto tok = mir.MakeInts(SkewedTokens(B * T, V, seed_));
@@ -352,7 +352,7 @@ class CudaCrossEntropyTest : public CudaVsCpu, public ::testing::TestWithParam<C
 
 TEST_P(CudaCrossEntropyTest, MatchesCpu) {
   auto [dt, N, V, mode] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const int64_t Vp = (V + 127) / 128 * 128;
   // Padding columns hold garbage (large values) that must never count.
@@ -415,7 +415,7 @@ class CudaGradStatsTest : public CudaVsCpu, public ::testing::TestWithParam<Stat
 
 TEST_P(CudaGradStatsTest, MatchesCpuAndCountsNonFinite) {
   auto [dt, n] = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   std::vector<float> v = RandomFloats(n, seed_, -2.f, 2.f);
   int expect_bad = 0;
@@ -484,7 +484,7 @@ TEST_F(CudaOpsTest, BadArgumentsAreInvalidArgument) {
 // ---- determinism -------------------------------------------------------------------
 
 TEST_F(CudaOpsTest, ReductionsAreBitwiseDeterministic) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   const int64_t B = 4, T = 255, C = 768, V = 1000, Vp = 1024, N = B * T;
   auto up = [&](const std::vector<uint8_t>& bytes) {
     auto r = gpu_->Allocate(bytes.size());

@@ -126,7 +126,7 @@ class CudaGptTest : public ::testing::TestWithParam<ModelCase> {
 };
 
 TEST_P(CudaGptTest, LossAndGradientsMatchCpuFp64) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto params = Params();
   auto ref = Make(cpu_.get(), DType::kF64);
   ASSERT_NE(ref, nullptr);
@@ -151,7 +151,7 @@ TEST_P(CudaGptTest, LossAndGradientsMatchCpuFp64) {
 }
 
 TEST_P(CudaGptTest, LossAndGradientsMatchCpuSameDtype) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto params = Params();
   for (DType dt : {DType::kF32, DType::kBF16}) {
     auto ref = Make(cpu_.get(), dt);
@@ -169,7 +169,7 @@ TEST_P(CudaGptTest, LossAndGradientsMatchCpuSameDtype) {
 }
 
 TEST_P(CudaGptTest, FusedEpiloguesMatchSeparateOps) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto params = Params();
   for (DType dt : {DType::kF32, DType::kBF16}) {
     auto fused = Make(gpu_.get(), dt, true);
@@ -196,7 +196,7 @@ TEST_P(CudaGptTest, FusedEpiloguesMatchSeparateOps) {
 }
 
 TEST_P(CudaGptTest, StepIsBitwiseDeterministic) {
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto params = Params();
   auto m = Make(gpu_.get(), DType::kBF16);
   ASSERT_NE(m, nullptr);
@@ -214,7 +214,7 @@ TEST_P(CudaGptTest, StepIsBitwiseDeterministic) {
 TEST_P(CudaGptTest, KeepingTheLastBlockGivesTheRecomputedBits) {
   // keep_last_block (default) skips the last block's recompute, and the
   // forward writes no GELU pre-activation; neither may change a bit.
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto params = Params();
   for (DType dt : {DType::kF32, DType::kBF16}) {
     std::vector<double> losses;
