@@ -50,6 +50,19 @@ std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo, float hi) {
   return v;
 }
 
+uint64_t TestSeed(uint64_t fallback) {
+  const char* e = std::getenv("STRATA_TEST_SEED");
+  if (e == nullptr || *e == '\0') return fallback;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(e, &end, 0);
+  if (end == e || *end != '\0') throw std::runtime_error(std::string("STRATA_TEST_SEED is not a number: ") + e);
+  return v;
+}
+
+std::string SeedNote(uint64_t seed) {
+  return "seed " + std::to_string(seed) + " (STRATA_TEST_SEED=" + std::to_string(seed) + " replays it)";
+}
+
 std::string SourcePath(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }
 
 bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }

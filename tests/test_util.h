@@ -52,6 +52,12 @@ class TempDir {
 std::vector<uint8_t> RandomBytes(size_t n, uint64_t seed);
 std::vector<float> RandomFloats(size_t n, uint64_t seed, float lo = -1.f, float hi = 1.f);
 
+// The seed of a randomized test: STRATA_TEST_SEED when it is set (to replay
+// a failure), else `fallback`. SeedNote(seed) is what a test puts in its
+// failure messages (SCOPED_TRACE): the seed and how to rerun with it.
+uint64_t TestSeed(uint64_t fallback);
+std::string SeedNote(uint64_t seed);
+
 // Path of a file in the source tree (tests/data/..., data/...).
 std::string SourcePath(const std::string& rel);
 

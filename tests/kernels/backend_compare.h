@@ -8,6 +8,7 @@
 // few times tighter. NaN never passes (RelErr of a non-finite output is +inf).
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -30,10 +31,11 @@ namespace strata::testing {
 using kernels::Backend;
 using kernels::DeviceBuffer;
 
-// A fresh seed per call (printed by the tests so a failure can be replayed).
+// A fresh seed per call, or STRATA_TEST_SEED when set: the tests name it in
+// their failure messages (SeedNote) so that a failure can be replayed.
 inline uint64_t FreshSeed() {
   static std::random_device rd;
-  return (static_cast<uint64_t>(rd()) << 32) ^ rd();
+  return TestSeed((static_cast<uint64_t>(rd()) << 32) ^ rd());
 }
 
 // float values -> bytes of `dt` (f32, f16, bf16), rounding to nearest even.
@@ -114,6 +116,42 @@ inline double Tolerance(DType dt, OpKind kind) {
     case DType::kBF16: return kind == OpKind::kElementwise ? 5e-3 : 1e-2;
     default: return 0;
   }
+}
+
+// One unit in the last place of |x| in `dt` (f32, f16, bf16): the spacing of
+// the representable values at |x|, the smallest normal's below it.
+inline double UlpOf(double x, DType dt) {
+  const int mant = dt == DType::kF32 ? 23 : dt == DType::kF16 ? 10 : 7;
+  const int emin = dt == DType::kF32 ? -126 : dt == DType::kF16 ? -14 : -126;
+  int e = 0;
+  std::frexp(std::fabs(x), &e);  // |x| in [2^(e-1), 2^e)
+  return std::ldexp(1.0, std::max(e - 1, emin) - mant);
+}
+
+// Elementwise ops, element by element: |out[i] - ref[i]| <= ulps * ulp(ref[i])
+// + allow[i] (allow empty: 0), in the output dtype; NaN only where ref has one.
+// Reports the first few elements over and the worst, in ulps.
+inline ::testing::AssertionResult WithinUlps(const std::vector<double>& out, const std::vector<double>& ref, DType dt,
+                                             double ulps, const std::vector<double>& allow = {}) {
+  if (out.size() != ref.size()) return ::testing::AssertionFailure() << "sizes differ";
+  int bad = 0;
+  double worst = 0;
+  size_t worst_at = 0;
+  ::testing::AssertionResult r = ::testing::AssertionFailure();
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (std::isnan(ref[i]) || std::isnan(out[i])) {
+      if (std::isnan(ref[i]) != std::isnan(out[i]) && ++bad <= 5) r << "element " << i << ": " << out[i] << " vs " << ref[i] << "; ";
+      continue;
+    }
+    const double d = std::fabs(out[i] - ref[i]);
+    const double in_ulps = d / UlpOf(ref[i], dt);
+    if (in_ulps > worst) worst = in_ulps, worst_at = i;
+    if (d > ulps * UlpOf(ref[i], dt) + (allow.empty() ? 0.0 : allow[i]) && ++bad <= 5)
+      r << "element " << i << ": " << out[i] << " vs " << ref[i] << " (" << in_ulps << " ulp); ";
+  }
+  if (bad == 0) return ::testing::AssertionSuccess();
+  return r << bad << " of " << out.size() << " elements over " << ulps << " ulp (worst " << worst << " ulp at "
+           << worst_at << ")";
 }
 
 // One logical buffer mirrored on the CUDA backend and on the reference.

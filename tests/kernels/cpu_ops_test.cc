@@ -323,9 +323,14 @@ TEST_F(CpuOpsTest, GemmRejectsBadArguments) {
 
 // ---- LayerNorm ----------------------------------------------------------------
 
+// At unit variance (the first inputs) and at a variance of about epsilon
+// (x scaled by 3e-3: 1.9e-5), where epsilon moves rstd by a fifth: a
+// LayerNorm that drops or misplaces it fails both ways.
 TEST_F(CpuOpsTest, LayerNormForwardMatchesReference) {
+  for (double spread : {1.0, 3e-3})
   for (auto [N, C] : {std::pair<int64_t, int64_t>{1, 1}, {127, 96}, {3, 2048}}) {
     auto x = RandomVector(N * C, N + C, -3, 2), w = RandomVector(C, 2), b = RandomVector(C, 3);
+    for (double& v : x) v *= spread;
     Tensor tx = Tensor::From(be_.get(), x, kF64), tw = Tensor::From(be_.get(), w, kF64);
     Tensor tb = Tensor::From(be_.get(), b, kF64), ty = Tensor::Poisoned(be_.get(), kF64, N * C);
     Tensor mean = Tensor::Poisoned(be_.get(), kF64, N), rstd = Tensor::Poisoned(be_.get(), kF64, N);
@@ -341,7 +346,7 @@ TEST_F(CpuOpsTest, LayerNormForwardMatchesReference) {
       rs[r] = 1 / std::sqrt(v / C + double(1e-5f));
       for (int64_t j = 0; j < C; ++j) y[r * C + j] = (x[r * C + j] - mu[r]) * rs[r] * w[j] + b[j];
     }
-    EXPECT_LT(RelError(ty.Get(), y), 1e-13) << N << "x" << C;
+    EXPECT_LT(RelError(ty.Get(), y), 1e-13) << N << "x" << C << " spread " << spread;
     EXPECT_LT(RelError(mean.Get(), mu), 1e-13);
     EXPECT_LT(RelError(rstd.Get(), rs), 1e-13);
   }
@@ -424,6 +429,39 @@ TEST_F(CpuOpsTest, GeluAddScaleCastElementwise) {
   EXPECT_EQ(f.Get(), testing::Rounded(x, DType::kBF16));
   EXPECT_THAT(be_->Cast(f.data(), DType::kI32, h.data(), DType::kBF16, n),
               StatusIs(StatusCode::kInvalidArgument));
+}
+
+// The f32 GELU (the vectorized path the f32/bf16 models run) against the
+// tanh-GELU in fp64, element by element: within 4 ulps of the result plus,
+// where 1 + tanh u cancels (x << 0) and the derivative crosses zero, 8 ulps
+// of the terms' size |x| + 1 (seen: forward at 0.09 of that bound, the
+// derivative at 0.46). The erf GELU is 248 times the bound away: the flavour.
+TEST_F(CpuOpsTest, GeluF32IsTheTanhGeluPerElement) {
+  const int64_t n = 20000 + 5;
+  std::vector<double> x = testing::Rounded(RandomVector(n, 7, -6, 6), DType::kF32);
+  Tensor tx = Tensor::From(be_.get(), x, DType::kF32), y = Tensor::Poisoned(be_.get(), DType::kF32, n);
+  ASSERT_OK(be_->GeluForward(y.data(), tx.data(), n, DType::kF32));
+  Tensor g = Tensor::From(be_.get(), std::vector<double>(n, 1.0), DType::kF32);
+  ASSERT_OK(be_->GeluBackward(g.data(), tx.data(), g.data(), n, DType::kF32));
+  const auto yv = y.Get(), gv = g.Get();
+  auto ulp = [](double v) { int e; std::frexp(std::fabs(v), &e); return std::ldexp(1.0, std::max(e - 1, -126) - 23); };
+  double worst_y = 0, worst_g = 0, erf_gap = 0;
+  int bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double want = GeluRef(x[i]), dwant = GeluGradRef(x[i]);
+    const double ey = std::fabs(yv[i] - want), eg = std::fabs(gv[i] - dwant);
+    const double allow = 8 * ulp(std::fabs(x[i]) + 1);
+    worst_y = std::max(worst_y, ey / (4 * ulp(want) + allow));
+    worst_g = std::max(worst_g, eg / (4 * ulp(dwant) + allow));
+    if ((ey > 4 * ulp(want) + allow || eg > 4 * ulp(dwant) + allow) && ++bad <= 3)
+      ADD_FAILURE() << "x = " << x[i] << ": gelu " << yv[i] << " vs " << want << ", gelu' " << gv[i] << " vs " << dwant;
+    erf_gap = std::max(erf_gap, std::fabs(0.5 * x[i] * (1 + std::erf(x[i] / std::sqrt(2.0))) - want) /
+                                    (4 * ulp(want) + allow));
+  }
+  EXPECT_EQ(bad, 0);
+  EXPECT_GT(erf_gap, 100);  // the inputs tell the flavours apart
+  std::printf("[ gelu f32 ] worst forward %.2f, derivative %.2f of the bound; erf's GELU %.0f times it\n", worst_y,
+              worst_g, erf_gap);
 }
 
 TEST_F(CpuOpsTest, BiasBackwardSumsRowsAndAccumulates) {

@@ -94,7 +94,7 @@ void ExpectPartsClose(const std::vector<double>& g, const std::vector<double>& r
 
 TEST_P(CudaAttentionTest, ForwardMatchesCpu) {
   const AttnCase c = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const DType dt = c.dt;
   const size_t es = DTypeSize(dt);
@@ -121,7 +121,7 @@ TEST_P(CudaAttentionTest, ForwardMatchesCpu) {
 
 TEST_P(CudaAttentionTest, BackwardMatchesCpu) {
   const AttnCase c = GetParam();
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const DType dt = c.dt;
   const size_t es = DTypeSize(dt);
@@ -160,7 +160,7 @@ TEST_P(CudaAttentionTest, BackwardMatchesCpu) {
 TEST_P(CudaAttentionTest, FlashMatchesSimpleAndIsDeterministic) {
   const AttnCase c = GetParam();
   if (!FlashShape(c) || !sm80_) GTEST_SKIP() << "the flash kernels do not take this case";
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   CudaBackendOptions o;
   o.attention = AttentionImpl::kFlash;
   ASSERT_OK_AND_ASSIGN(auto flash, ::strata::testing::MakeBackendUnderTest(o));
@@ -203,7 +203,7 @@ TEST_P(CudaAttentionTest, EveryFlashVariantMatchesCpuAndIsDeterministic) {
   const AttnCase c = GetParam();
   if (!FlashShape(c) || !sm80_) GTEST_SKIP() << "the flash kernels do not take this case";
   if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
-  SCOPED_TRACE("seed " + std::to_string(seed_));
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
   auto& mir = *mirrors_;
   const DType dt = c.dt;
   const size_t es = DTypeSize(dt);

@@ -105,7 +105,9 @@ void RunOnGpu(ShardData& d, const AdamHyper& h, double gs, size_t elem_offset, u
 TEST(GpuAdam, BitwiseEqualToCpuAdam) {
   STRATA_SKIP_WITHOUT_GPU();
   ASSERT_OK_AND_ASSIGN(auto cpu, CpuAdam::Create());
-  std::mt19937_64 rng(17);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(17);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   const size_t sizes[] = {1, 15, 17, 1023, 1000003};
   for (const AdamConfig& c : AllConfigs()) {
     for (size_t n : sizes) {

@@ -2,6 +2,7 @@
 // combination, a float64 reference of the update, and the tolerance checks.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -217,19 +218,23 @@ inline ShardData RandomShard(const AdamConfig& cfg, size_t n, uint64_t seed, siz
   return d;
 }
 
-// Random hyperparameters over the ranges real runs use, both decay modes,
-// with and without bias correction.
+// Random hyperparameters over the ranges real runs use, each drawn
+// log-uniformly where it spans decades (lr, eps, 1 - beta1, 1 - beta2, the
+// weight decay, the step), so that the small steps, where the bias
+// corrections are far from 1, come up as often as the large ones; both decay
+// modes, with and without bias correction.
 inline AdamHyper RandomHyper(std::mt19937_64& rng) {
   std::uniform_real_distribution<double> u(0.0, 1.0);
+  auto log_uniform = [&](double lo, double hi) { return lo * std::pow(hi / lo, u(rng)); };
   AdamHyper h;
-  h.lr = std::pow(10.0, -5.0 + 3.0 * u(rng));
-  h.beta1 = 0.5 + 0.49 * u(rng);
-  h.beta2 = 0.9 + 0.0999 * u(rng);
-  h.eps = std::pow(10.0, -10.0 + 4.0 * u(rng));
-  h.weight_decay = u(rng) < 0.25 ? 0.0 : 0.3 * u(rng);
+  h.lr = log_uniform(1e-5, 1e-2);
+  h.beta1 = 1.0 - log_uniform(1e-2, 0.5);
+  h.beta2 = 1.0 - log_uniform(1e-4, 0.1);
+  h.eps = log_uniform(1e-10, 1e-6);
+  h.weight_decay = u(rng) < 0.25 ? 0.0 : log_uniform(1e-4, 0.3);
   h.decay_mode = u(rng) < 0.5 ? WeightDecayMode::kDecoupled : WeightDecayMode::kL2;
   h.bias_correction = u(rng) < 0.8;
-  h.step = 1 + static_cast<int64_t>(u(rng) * 10000.0);
+  h.step = std::min<int64_t>(10000, static_cast<int64_t>(log_uniform(1.0, 10001.0)));
   return h;
 }
 

@@ -84,7 +84,9 @@ void ExpectOutOfPlaceIsInPlace(const CpuAdam& a, const ShardData& orig, const Sh
 }
 
 TEST(CpuAdamOutOfPlace, EveryPathConfigSizeAndAlignmentIsBitwiseInPlace) {
-  std::mt19937_64 rng(31);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(31);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   for (Isa isa : SupportedIsas()) {
     for (int threads : {1, 3}) {
       ASSERT_OK_AND_ASSIGN(auto a, CpuAdam::Create({.threads = threads, .isa = isa, .tile_elems = 1024}));
@@ -113,7 +115,9 @@ TEST(CpuAdamOutOfPlace, EveryPathConfigSizeAndAlignmentIsBitwiseInPlace) {
 // shard differently.
 TEST(CpuAdamOutOfPlace, ThreadsAndTilesAgreeWithTheScalarPath) {
   const size_t n = 200003;
-  std::mt19937_64 rng(37);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(37);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   const AdamConfig c{DType::kBF16, DType::kF32, true, DType::kBF16};
   const AdamHyper h = RandomHyper(rng);
   const ShardData orig = RandomShard(c, n, 77);
@@ -136,7 +140,9 @@ TEST(CpuAdamOutOfPlace, ThreadsAndTilesAgreeWithTheScalarPath) {
 // update does) equal two steps in place.
 TEST(CpuAdamOutOfPlace, PingPongIsTwoStepsInPlace) {
   const size_t n = 5000;
-  std::mt19937_64 rng(41);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(41);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   const AdamConfig c{DType::kF32, DType::kF32, true, DType::kF16};
   AdamHyper h = RandomHyper(rng);
   ShardData inplace = RandomShard(c, n, 5);

@@ -42,7 +42,9 @@ void StepOnce(const CpuAdam& a, ShardData& d, const AdamHyper& h, double gs) {
 }
 
 TEST(CpuAdamPrefetch, EveryDistanceAndHintIsBitwiseThePassWithout) {
-  std::mt19937_64 rng(17);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(17);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   const size_t kPrefetch[] = {64, 512, 2048, 64 * 1024};
   for (Isa isa : SupportedIsas()) {
     auto plain = Make(isa, 2, 1024, 0, PrefetchHint::kL2);
@@ -75,7 +77,9 @@ TEST(CpuAdamPrefetch, EveryDistanceAndHintIsBitwiseThePassWithout) {
 
 TEST(CpuAdamPrefetch, ThreadsAndTilesWithPrefetchAgreeBitwise) {
   const size_t n = 300007;
-  std::mt19937_64 rng(23);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(23);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   AdamConfig c{DType::kF16, DType::kF32, true, DType::kF16};
   AdamHyper h = RandomHyper(rng);
   ShardData orig = RandomShard(c, n, 99);

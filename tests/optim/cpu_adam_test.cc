@@ -60,7 +60,9 @@ double RandomGradScale(std::mt19937_64& rng) {
 TEST(CpuAdamReference, EveryDtypeComboAndSizeMatchesFloat64) {
   auto adam = MakeAdam(Isa::kAuto);
   ASSERT_NE(adam, nullptr);
-  std::mt19937_64 rng(7);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(7);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   uint64_t seed = 100;
   for (const AdamConfig& c : AllConfigs()) {
     for (size_t n : kSizes) {
@@ -80,7 +82,9 @@ TEST(CpuAdamReference, EveryDtypeComboAndSizeMatchesFloat64) {
 TEST(CpuAdamReference, ManyRandomHyperparametersOnAShortShard) {
   auto adam = MakeAdam(Isa::kAuto);
   ASSERT_NE(adam, nullptr);
-  std::mt19937_64 rng(11);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(11);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   for (int trial = 0; trial < 200; ++trial) {
     AdamConfig c{DType::kF32, DType::kF32, true, DType::kF16};
     AdamHyper h = RandomHyper(rng);
@@ -102,7 +106,9 @@ TEST(CpuAdamIsa, EveryPathIsBitwiseTheScalarPath) {
   for (Isa isa : isas)
     if (isa != Isa::kScalar) simd.push_back(MakeAdam(isa));
   if (simd.empty()) GTEST_SKIP() << "this CPU has no SIMD path to compare";
-  std::mt19937_64 rng(3);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(3);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   for (const AdamConfig& c : AllConfigs()) {
     for (size_t n : kSizes) {
       // An unaligned parameter copy too: the pass peels to a 64-byte boundary.
@@ -127,7 +133,9 @@ TEST(CpuAdamIsa, EveryPathIsBitwiseTheScalarPath) {
 
 TEST(CpuAdamThreads, OneTwoAndManyThreadsAgreeBitwise) {
   const size_t n = 1000003;
-  std::mt19937_64 rng(5);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(5);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   for (AdamConfig c : {AdamConfig{DType::kF16, DType::kF32, true, DType::kF16},
                        AdamConfig{DType::kBF16, DType::kBF16, true, DType::kBF16},
                        AdamConfig{DType::kF32, DType::kF32, false, DType::kF16}}) {
@@ -351,7 +359,9 @@ TEST(CpuAdamConversion, ParameterCopyRoundsLikeHalfH) {
                             0x3f808000u, 0x3f818000u, 0x3f808001u, 0x3f807fffu,               // bf16 ties
                             0x3f801000u, 0x3f803000u};                                        // fp16 ties
   for (uint32_t e : edges) vals.push_back(BitsFloat(e));
-  std::mt19937_64 rng(29);
+  const uint64_t rng_seed = ::strata::testing::TestSeed(29);
+  SCOPED_TRACE(::strata::testing::SeedNote(rng_seed));
+  std::mt19937_64 rng(rng_seed);
   for (int i = 0; i < 20000; ++i) {
     uint32_t u = static_cast<uint32_t>(rng());
     if ((u & 0x7f800000u) == 0x7f800000u && (u & 0x7fffffu)) u |= 0x400000u;  // quiet NaNs only

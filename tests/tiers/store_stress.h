@@ -10,7 +10,13 @@
 // Allowed outcomes of a call besides OK: FailedPrecondition (another thread
 // holds a conflicting pin) and OutOfMemory (every copy on a tier pinned at
 // that moment, also when it comes back as the sticky error of a failed
-// prefetch). Anything else fails the test.
+// prefetch). Anything else fails the test, and so does a run where those
+// refusals are more than a small share of the calls (a store that refused
+// most calls would otherwise pass): at most 10% of the calls refused, at most
+// 5% for want of memory (seen over 40 seeds: up to 2.8% refused, up to 1.6%
+// out of memory, both in the tight-budget case; the timing of the threads
+// varies them). The seed is
+// STRATA_TEST_SEED's when set (1234 otherwise), named in failures.
 #pragma once
 
 #include <atomic>
@@ -96,7 +102,9 @@ inline void RunStoreStress(const StressParams& P, const StressMemory& mem) {
   o.nvme = n;
   ASSERT_OK_AND_ASSIGN(auto store, TierStore::Open(o));
 
-  std::mt19937_64 setup(1234);
+  const uint64_t seed = testing::TestSeed(1234);
+  SCOPED_TRACE(testing::SeedNote(seed));
+  std::mt19937_64 setup(seed);
   std::vector<std::unique_ptr<Ref>> refs;
   for (int i = 0; i < P.tensors; ++i) {
     auto r = std::make_unique<Ref>();
@@ -125,8 +133,8 @@ inline void RunStoreStress(const StressParams& P, const StressMemory& mem) {
     else if (s.code() == StatusCode::kOutOfMemory) ooms++;
   };
 
-  auto worker = [&](int seed) {
-    std::mt19937_64 rng(seed);
+  auto worker = [&](uint64_t worker_seed) {
+    std::mt19937_64 rng(worker_seed);
     std::vector<Ticket> tickets;
     auto pick_tier = [&](TierKind home, bool allow_nvme) {
       int hi = static_cast<int>(home);
@@ -203,6 +211,7 @@ inline void RunStoreStress(const StressParams& P, const StressMemory& mem) {
       if (tickets.size() > 16) {
         for (auto& t : tickets) {
           Status s = t.Wait();
+          count(s);
           if (!Allowed(s)) fail("ticket", s);
         }
         tickets.clear();
@@ -210,12 +219,13 @@ inline void RunStoreStress(const StressParams& P, const StressMemory& mem) {
     }
     for (auto& t : tickets) {
       Status s = t.Wait();
+      count(s);
       if (!Allowed(s)) fail("ticket", s);
     }
   };
 
   std::vector<std::thread> threads;
-  for (int i = 0; i < P.threads; ++i) threads.emplace_back(worker, 100 + i);
+  for (int i = 0; i < P.threads; ++i) threads.emplace_back(worker, seed + 1 + static_cast<uint64_t>(i));
   for (auto& t : threads) t.join();
   ASSERT_FALSE(failed);
 
@@ -254,6 +264,11 @@ inline void RunStoreStress(const StressParams& P, const StressMemory& mem) {
   EXPECT_GT(s.tiers[0].evictions, 0u);  // the budgets did bind
   EXPECT_GT(s.tiers[1].evictions, 0u);
   EXPECT_GT(s.nvme_to_host.bytes, 0u);
+  // The refusals the test allows are the exception, not the outcome.
+  const double calls = static_cast<double>(ok_ops + conflicts + ooms);
+  EXPECT_LE(static_cast<double>(conflicts + ooms), 0.10 * calls)
+      << conflicts.load() << " conflicts and " << ooms.load() << " out-of-memory of " << calls << " calls";
+  EXPECT_LE(static_cast<double>(ooms.load()), 0.05 * calls) << ooms.load() << " out-of-memory of " << calls << " calls";
   std::printf("checked %.1f MiB through views; ops ok %llu, conflicts %llu, out-of-memory %llu; "
               "evictions gpu %llu host %llu; write-backs gpu %llu host %llu\n",
               checked_bytes.load() / double(kMiB), (unsigned long long)ok_ops.load(),
