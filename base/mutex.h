@@ -39,23 +39,24 @@ class SCOPED_CAPABILITY MutexLock {
   Mutex* mu_;
 };
 
-// A condition variable for one Mutex, which the caller holds around Wait.
+// A condition variable. Wait names the Mutex the caller holds (abseil's
+// form), so that the analysis checks it is held: call it in a loop over the
+// condition, which is then read with the mutex held
+// (`while (!ready) cv.Wait(&mu);`).
 class CondVar {
  public:
-  explicit CondVar(Mutex* mu) : mu_(mu) {}
+  CondVar() = default;
   CondVar(const CondVar&) = delete;
   CondVar& operator=(const CondVar&) = delete;
-  // Unlocks, waits for a signal (or a spurious wake-up), locks again: call it
-  // in a loop over the condition, which the analysis then sees is read with
-  // the mutex held (`while (!ready) cv.Wait();`).
-  void Wait() REQUIRES(mu_) {
-    std::unique_lock<std::mutex> lk(mu_->mu_, std::adopt_lock);
+  // Unlocks `mu`, waits for a signal (or a spurious wake-up), locks it again.
+  void Wait(Mutex* mu) REQUIRES(mu) {
+    std::unique_lock<std::mutex> lk(mu->mu_, std::adopt_lock);
     cv_.wait(lk);
     lk.release();  // still held: the caller unlocks
   }
-  // Wait(), at most until `deadline` (steady clock); false when it passed.
-  bool WaitUntil(std::chrono::steady_clock::time_point deadline) REQUIRES(mu_) {
-    std::unique_lock<std::mutex> lk(mu_->mu_, std::adopt_lock);
+  // Wait(mu), at most until `deadline` (steady clock); false when it passed.
+  bool WaitUntil(Mutex* mu, std::chrono::steady_clock::time_point deadline) REQUIRES(mu) {
+    std::unique_lock<std::mutex> lk(mu->mu_, std::adopt_lock);
     const bool signalled = cv_.wait_until(lk, deadline) == std::cv_status::no_timeout;
     lk.release();
     return signalled;
@@ -63,7 +64,6 @@ class CondVar {
   void SignalAll() { cv_.notify_all(); }
 
  private:
-  Mutex* const mu_;
   std::condition_variable cv_;
 };
 

@@ -40,7 +40,7 @@ void OptimizerPool::Start() {
 
 Status OptimizerPool::Post(const OptJob& j) {
   MutexLock lock(&mu_);
-  while (has_job_) cv_.Wait();
+  while (has_job_) cv_.Wait(&mu_);
   job_ = j;
   has_job_ = true;
   ++job_seq_;
@@ -111,7 +111,7 @@ void OptimizerPool::Abort(const Status& why, int64_t step) {
     MutexLock lock(&mu_);
     job_abort_ = true;
     cv_.SignalAll();
-    while (has_job_) cv_.Wait();
+    while (has_job_) cv_.Wait(&mu_);
     job_abort_ = false;
     if (job_writes_ > 0 || verdict_ != Judged::kPending) {
       if (error_.ok())
@@ -180,7 +180,7 @@ Status OptimizerPool::WaitForShard(size_t s, int64_t step, double* wait_s, CopyT
   MutexLock lock(&mu_);
   if (updated_[s] < step || !error_.ok()) {
     const double t0 = NowSeconds();
-    while (updated_[s] < step && error_.ok()) cv_.Wait();
+    while (updated_[s] < step && error_.ok()) cv_.Wait(&mu_);
     if (wait_s) *wait_s += NowSeconds() - t0;
   }
   RETURN_IF_ERROR(error_);
@@ -197,7 +197,7 @@ Status OptimizerPool::WaitAll(int64_t step) {
         if (u < step) return false;
       return true;
     };
-    while (error_.ok() && (has_job_ || !all())) cv_.Wait();
+    while (error_.ok() && (has_job_ || !all())) cv_.Wait(&mu_);
     RETURN_IF_ERROR(error_);
     ups = uploads_;
   }
@@ -207,7 +207,7 @@ Status OptimizerPool::WaitAll(int64_t step) {
 
 void OptimizerPool::WaitIdle() {
   MutexLock lock(&mu_);
-  while (has_job_) cv_.Wait();
+  while (has_job_) cv_.Wait(&mu_);
 }
 
 bool OptimizerPool::Updated(size_t s, int64_t step) const {
@@ -259,7 +259,7 @@ void OptimizerPool::Loop(bool gpu_worker) {
     OptJob j;
     {
       MutexLock lock(&mu_);
-      while (!stop_ && !(has_job_ && job_seq_ > seen)) cv_.Wait();
+      while (!stop_ && !(has_job_ && job_seq_ > seen)) cv_.Wait(&mu_);
       if (!(has_job_ && job_seq_ > seen)) return;  // stopping, nothing posted
       j = job_;
       seen = job_seq_;
@@ -303,7 +303,7 @@ void OptimizerPool::RunJob(const OptJob& j, bool gpu_worker) {
         if (next_claim_ < queue_.size()) return !j.streaming || grad_final_[queue_[next_claim_]] != 0;
         return !j.speculative || verdict_ != Judged::kPending;
       };
-      while (!claimable()) cv_.Wait();
+      while (!claimable()) cv_.Wait(&mu_);
       if (stop_ || job_abort_ || next_claim_ >= queue_.size()) break;
       k = next_claim_++;
       s = queue_[k];

@@ -179,7 +179,7 @@ class OptimizerPool {
   std::thread cpu_thread_, gpu_thread_;
 
   mutable Mutex mu_;
-  CondVar cv_{&mu_};
+  CondVar cv_;
   bool stop_ GUARDED_BY(mu_) = false;
   bool has_job_ GUARDED_BY(mu_) = false;  // reset when every worker is done with it
   OptJob job_ GUARDED_BY(mu_);

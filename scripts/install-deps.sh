@@ -8,7 +8,8 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev
       python3 python3-venv  # the Python package's tests and example (python/, examples/python/)
       python3-numpy         # their numpy buffer tests (python/tests/test_adam.py, test_store.py)
-      gnuplot-nox)          # the charts of strata-bench all and strata plot (engine/plot.h)
+      gnuplot-nox           # the charts of strata-bench all and strata plot (engine/plot.h)
+      clang)                # the analysis of the lock annotations (scripts/check_thread_safety.sh)
 # strata.torch's tests (python/tests/test_torch.py) need torch: Debian's
 # python3-torch, unless a Python here has it already (as where it comes
 # with the machine).
