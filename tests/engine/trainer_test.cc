@@ -424,5 +424,60 @@ TEST(Trainer, RunSavesTheStateWhenASwapFileIsDeleted) {
   }
 }
 
+// --dry-run and the run share one budget computation (engine/budgets.h): the
+// plan the dry run prints is the plan that runs, whatever the placement.
+// (The run's table adds what it measured of its schedule; the dry run's
+// starts with the model and the batch.)
+TEST(Trainer, DryRunPrintsThePlanThatRuns) {
+  auto lines = [](const std::string& text, std::initializer_list<const char*> drop) {
+    std::vector<std::string> out;
+    std::istringstream in(text);
+    for (std::string l; std::getline(in, l);) {
+      bool keep = !l.empty();
+      for (const char* d : drop) keep = keep && l.rfind(d, 0) != 0;
+      if (keep) out.push_back(l);
+    }
+    return out;
+  };
+  struct Case {
+    const char* what;
+    void (*set)(TrainOptions&, const std::string& dir);
+  };
+  const Case cases[] = {
+      {"all on the GPU", [](TrainOptions&, const std::string&) {}},
+      {"optimizer on the host",
+       [](TrainOptions& o, const std::string&) { o.config.zero.offload_optimizer.device = "cpu"; }},
+      {"parameters streamed",
+       [](TrainOptions& o, const std::string&) {
+         o.config.zero.offload_optimizer.device = "cpu";
+         o.config.zero.offload_param.device = "cpu";
+         o.gpu_memory_limit = 3 * kMiB;
+       }},
+      {"optimizer on NVMe, micro-batch-major",
+       [](TrainOptions& o, const std::string& dir) {
+         o.config.zero.offload_optimizer.device = "nvme";
+         o.config.zero.offload_optimizer.nvme_path = dir;
+         o.config.trainer.schedule = "micro-batch-major";
+       }},
+  };
+  bool streamed = false;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    TempDir dir;
+    TrainOptions o = Tiny(1);
+    c.set(o, dir.path());
+    ASSERT_OK_AND_ASSIGN(std::string dry, Trainer::DryRun(o));
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+    const std::vector<std::string> planned = lines(dry, {"model:", "batch:"});
+    const std::vector<std::string> ran = lines(t->PlanTable(), {"swap window:", "per step (scheduled):"});
+    EXPECT_EQ(planned, ran) << "dry run:\n" << dry << "\nrun:\n" << t->PlanTable();
+    EXPECT_GT(planned.size(), 8u);
+    for (const std::string& l : ran)
+      streamed = streamed || (l.rfind("prefetch depth: ", 0) == 0 && l.find("depth: -") == std::string::npos);
+  }
+  EXPECT_TRUE(streamed) << "no case streamed the parameters: the 3 MiB limit no longer forces it";
+}
+
 }  // namespace
 }  // namespace strata
