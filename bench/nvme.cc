@@ -39,6 +39,7 @@
 #include "bench/raw_io.h"
 #include "bench/sweep.h"
 #include "engine/path_probe.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace po = boost::program_options;
 
@@ -134,7 +135,8 @@ void PrintTuneResult(const std::vector<Point>& points, bool stopped, Report& rep
 
 int RunNvme(int argc, char** argv) {
   CommonOptions common;
-  std::string size_text, tensors_text, blocks_text, depths_text, rings_text, checksum_text = "none";
+  std::string size_text, tensors_text, blocks_text, depths_text, rings_text,
+      checksum_text(ChecksumName(NvmeOptions{}.checksum));  // as the tier runs by default
   std::string reps_text;
   bool fixed = false, tune = false, quick = false;
   po::options_description desc(

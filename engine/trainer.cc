@@ -67,6 +67,7 @@ TierStoreOptions StoreOptions(const TrainOptions& o, const RunPlan& run, bool cu
     no.rings = cfg.aio.intra_op_parallelism;
     no.single_submit = cfg.aio.single_submit;
     no.overlap_events = cfg.aio.overlap_events;
+    no.checksum = ParseChecksumKind(cfg.trainer.nvme_checksum).value_or(ChecksumKind::kCrc32c);  // the config checked it
     no.env = o.nvme_env;
     so.nvme = no;
   }
