@@ -71,8 +71,9 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "save-every", po::value(&f->save_every)->value_name("N"), "steps between checkpoints")(
       "resume", po::value(&f->resume)->value_name("DIR"),
       "continue from a checkpoint (a step directory or a --save DIR)")(
-      "init-from", po::value(&f->init_from)->value_name("FILE"),
-      "start from Hugging Face GPT-2 weights (a model.safetensors, e.g. to fine-tune GPT-2)")(
+      "init-from", po::value(&f->init_from)->value_name("DIR|FILE"),
+      "start from Hugging Face GPT-2 weights: a model directory (its model.safetensors; its tokenizer files go into "
+      "every checkpoint) or a model.safetensors, e.g. to fine-tune GPT-2")(
       "gpu-memory-limit", po::value(&f->gpu_limit)->value_name("SIZE"),
       "GPU memory strata may use, e.g. 24GiB (default: what the card has free)")(
       "host-memory-limit", po::value(&f->host_limit)->value_name("SIZE"),

@@ -24,6 +24,7 @@
 #include "base/device.h"
 #include "engine/checkpoint.h"
 #include "engine/evaluation.h"
+#include "engine/hf_export.h"
 #include "engine/model_config.h"
 #include "engine/trainer_impl.h"
 
@@ -182,7 +183,8 @@ Status Trainer::Impl::InitState() {
   if (!opt.resume_dir.empty()) {
     TrainState ts;
     std::string path;
-    RETURN_IF_ERROR(LoadCheckpoint(opt.resume_dir, spec, state->CheckpointShards(), &ts, &path));
+    RETURN_IF_ERROR(LoadCheckpoint(opt.resume_dir, spec, state->CheckpointShards(), &ts, &path, log));
+    model_source = path;  // its config.json and tokenizer files go into the next checkpoints
     step = ts.step;
     data->set_position(ts.data_position);
     RETURN_IF_ERROR(scaler->Restore(ts.scaler));
@@ -192,6 +194,7 @@ Status Trainer::Impl::InitState() {
   }
   if (!opt.init_from.empty()) {
     RETURN_IF_ERROR(state->InitFromHf(opt.init_from, opt.init_prefix));
+    model_source = ModelSourceDir(opt.init_from);
     *log << "initialized from " << opt.init_from << "\n";
     return Status::OK();
   }
@@ -366,7 +369,9 @@ Status Trainer::Save(const std::string& dir) {
     ts.data_position = I.data->position();
     ts.scaler = I.scaler->state();
     ts.precision = I.cfg().precision();
-    return SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, ConfigToJson(I.cfg()), &std::cerr);
+    CheckpointExtras extras{ConfigToJson(I.cfg()), I.model_source, I.log};
+    ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, extras));
+    return Status::OK();
   });
 }
 

@@ -62,6 +62,10 @@ struct Trainer::Impl {
   std::vector<int32_t> tok_host, tgt_host;  // [A][B*T]
   std::vector<float> loss_host;
 
+  // The directory the model came with (engine/hf_export.h): --init-from's,
+  // or the checkpoint resumed from; "" for a fresh model.
+  std::string model_source;
+  std::string last_saved;      // the step directory the last Save wrote
   int64_t step = 0;            // optimizer steps taken
   int64_t prefetch_step0 = 0;  // steps taken when the prefetcher's cycle 0 began
   // The last step's clip coefficient was exactly 1 (its norm within
