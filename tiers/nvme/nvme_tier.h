@@ -35,8 +35,11 @@
 // - All OS access goes through an IoEnv (tiers/nvme/io_env.h): tests wrap it to
 //   inject EIO, ENOSPC, short transfers, O_DIRECT refusal, deleted files.
 //
-// The files are scratch space for this process: made at Open, removed at
-// destruction. Checkpoints are written elsewhere (engine/).
+// The files are scratch space for this process: made at Open, locked while
+// they live, removed at destruction. Open first removes the swap files a
+// killed run left in each directory (their lock free, their process gone:
+// tiers/nvme/leftovers.h) and says so on stderr. Checkpoints are written
+// elsewhere (engine/).
 //
 // Ownership: the tier owns its swap files, rings and I/O threads; the IoEnv
 // (NvmeOptions::env) is not owned and outlives the tier; transfer buffers and
