@@ -17,10 +17,12 @@
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
 #include "engine/optimizer_pool.h"
+#include "engine/save_dir.h"
 #include "engine/shard_update.h"
 #include "engine/step_buffers.h"
 #include "engine/step_env.h"
 #include "engine/step_schedule.h"
+#include "engine/tier_sizes.h"
 #include "engine/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/gemm_peak.h"
@@ -34,6 +36,9 @@ namespace strata {
 
 struct Trainer::Impl {
   TrainOptions opt;
+  // The --save directory, locked for the run (destroyed last: nothing else
+  // writes there once it goes).
+  std::optional<SaveDirLock> save_lock;
   std::ostream* log = &std::cerr;
   models::ModelSpec spec;
   DType dtype = DType::kF32;
@@ -42,6 +47,7 @@ struct Trainer::Impl {
   std::optional<models::ModelProgram> program;
   kernels::GemmPeak peak;
   RunPlan run;  // a value: the trainer does not edit it
+  TierSizes tiers;  // what the store's tiers take of the budgets (engine/tier_sizes.h)
   std::unique_ptr<TierStore> store;
   // Declared after the store, destroyed before it. The pool (its threads)
   // goes first, then what its workers use.
