@@ -259,6 +259,7 @@ Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, std::ostream& log) {
   std::unique_ptr<Trainer> t(new Trainer());
+  t->impl_->owner = t.get();
   t->impl_->opt = options;
   t->impl_->log = &log;
   RETURN_IF_ERROR(t->impl_->Setup());

@@ -17,6 +17,7 @@
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
 #include "engine/optimizer_pool.h"
+#include "engine/run_log.h"
 #include "engine/save_dir.h"
 #include "engine/shard_update.h"
 #include "engine/step_buffers.h"
@@ -88,6 +89,10 @@ struct Trainer::Impl {
   bool cuda() const { return backend->kind() == kernels::BackendKind::kCuda; }
   void* stream() const { return backend->native_stream(); }
   const Config& cfg() const { return opt.config; }
+
+  // ---- the run (trainer_run.cc) ---------------------------------------------------
+  Status RunSteps(int64_t total, RunLog* log);
+  Trainer* owner = nullptr;  // the Trainer this is the Impl of (Run calls its Step, Evaluate, Save)
 
   // ---- setup (trainer.cc) ------------------------------------------------------
   Status Setup();
