@@ -4,7 +4,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include <filesystem>
+
 #include "base/bytes.h"
+#include "engine/checkpoint.h"
 #include "engine/save_dir.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme/io_env.h"
@@ -45,11 +48,38 @@ Status CheckNvmeDir(const std::string& dir, uint64_t need, IoEnv* env) {
                          "goes to NVMe");
 }
 
+// A file the run will append to: not a directory, in a directory it may write.
+Status CheckLogFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) return InvalidArgument("--log-json " + path + " is a directory, not a file");
+    if (::access(path.c_str(), W_OK) != 0) return ErrnoStatus("--log-json: cannot append to", path);
+    return Status::OK();
+  }
+  std::string dir = std::filesystem::path(path).parent_path().string();
+  if (dir.empty()) dir = ".";
+  if (::access(dir.c_str(), W_OK | X_OK) != 0) return ErrnoStatus("--log-json: cannot create a file in", dir);
+  return Status::OK();
+}
+
+// What the run starts from exists (reading it whole is the run's, which
+// verifies it: engine/checkpoint.h).
+Status CheckSources(const TrainOptions& o) {
+  if (!o.resume_dir.empty()) RETURN_IF_ERROR(ResolveCheckpoint(o.resume_dir).status().WithContext("--resume"));
+  if (!o.init_from.empty()) {
+    struct stat st {};
+    if (::stat(o.init_from.c_str(), &st) != 0) return ErrnoStatus("--init-from: cannot read", o.init_from);
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status PreflightChecks(const TrainOptions& o, const RunPlan& run, const TierSizes& tiers,
                        const models::ModelSpec& spec, bool cuda, std::vector<std::string>* warnings) {
+  RETURN_IF_ERROR(CheckSources(o));
   RETURN_IF_ERROR(CheckSaveDir(o.save_dir, CheckpointBytes(spec), warnings));
+  if (!o.log_json.empty()) RETURN_IF_ERROR(CheckLogFile(o.log_json));
   if (run.plan.nvme_total > 0 || run.plan.optimizer == TierKind::kNvme || run.plan.params == TierKind::kNvme)
     RETURN_IF_ERROR(CheckNvmeDir(NvmeDirOf(o.config), run.plan.nvme_total, o.nvme_env ? o.nvme_env : IoEnv::Default()));
   if (tiers.host_pin && !cuda)

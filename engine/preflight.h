@@ -1,6 +1,9 @@
 // What a run checks before its first step, and --dry-run checks too, so that
 // a run does not fail after hours for what could be seen at the start:
 //
+//   --resume, --init-from   what the run starts from exists (a checkpoint
+//                 that `latest` names; the weights' file or directory)
+//   --log-json    a file it may append to, or create
 //   --save DIR    a directory it may write, or one it may create
 //                 (engine/save_dir.h CheckSaveDir); free space below one
 //                 checkpoint (12 bytes per parameter and the small files) is

@@ -149,6 +149,26 @@ TEST(SaveDir, LeftoversOfKilledRunsAreReclaimed) {
   EXPECT_EQ(t2->step(), 1);
 }
 
+// --log-json naming a directory, --resume naming nothing: --dry-run says so.
+TEST(Preflight, TheLogAndTheSourcesAreChecked) {
+  TempDir dir;
+  TrainOptions o = Tiny(1);
+  o.log_json = dir.path();
+  auto d = Trainer::DryRun(o);
+  EXPECT_THAT(d, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(d.status().ToString(), HasSubstr("--log-json " + dir.path() + " is a directory"));
+  o.log_json.clear();
+  o.resume_dir = dir.File("no-such-checkpoint");
+  d = Trainer::DryRun(o);
+  EXPECT_THAT(d, StatusIs(StatusCode::kIoError));
+  EXPECT_THAT(d.status().ToString(), HasSubstr("--resume"));
+  o.resume_dir.clear();
+  o.init_from = dir.File("no-such-model");
+  d = Trainer::DryRun(o);
+  EXPECT_THAT(d, StatusIs(StatusCode::kIoError));
+  EXPECT_THAT(d.status().ToString(), HasSubstr("--init-from"));
+}
+
 // An NVMe path without the free space the plan puts there: --dry-run says
 // so, naming the path, what is free and what is needed.
 TEST(Preflight, NvmeWithoutTheSpaceThePlanNeeds) {
