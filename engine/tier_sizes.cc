@@ -24,7 +24,10 @@ uint64_t AssistBytes(const TrainOptions& o, const Plan& plan, const models::Mode
   for (const auto& u : spec.units) largest = std::max(largest, u.numel);
   uint64_t chunk = std::min<uint64_t>(4ull << 20, static_cast<uint64_t>(largest));
   if (o.assist_chunk_params) chunk = std::min(chunk, o.assist_chunk_params);
-  return 3 * (chunk * (12 + DTypeSize(GradDType(ComputeDType(o.config)))) + 4096);
+  // Three chunk buffers, and the room it keeps free beside them (one activation).
+  const uint64_t act = static_cast<uint64_t>(o.config.micro_batch * o.config.model.seq_len * spec.d_model) *
+                       DTypeSize(ComputeDType(o.config));
+  return 3 * (chunk * (12 + DTypeSize(GradDType(ComputeDType(o.config)))) + 4096) + act;
 }
 
 }  // namespace

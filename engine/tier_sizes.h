@@ -7,7 +7,8 @@
 //          at most (every tensor the step streams through the GPU: the
 //          parameters, gradients and activation checkpoints the plan puts
 //          off it, and one more of the largest for the allocator's slack),
-//          the GPU-assisted optimizer's chunks when it may run, and 64 MiB.
+//          the GPU-assisted optimizer's chunks (and the activation it keeps
+//          free beside them) when it may run, and 64 MiB.
 //          With that room the prefetcher keeps every streamed tensor
 //          resident, as it would in a larger tier, so the step moves the
 //          same bytes; one slab, mapped at the first allocation.
