@@ -56,8 +56,8 @@ Status CheckLogFile(const std::string& path) {
     if (::access(path.c_str(), W_OK) != 0) return ErrnoStatus("--log-json: cannot append to", path);
     return Status::OK();
   }
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::string parent = std::filesystem::path(path).parent_path().string();
+  const std::string dir = parent.empty() ? std::string(".") : parent;
   if (::access(dir.c_str(), W_OK | X_OK) != 0) return ErrnoStatus("--log-json: cannot create a file in", dir);
   return Status::OK();
 }
