@@ -2,8 +2,12 @@
 // --dir is never created and is left empty, bad arguments are named, and
 // Ctrl-C stops cleanly with what was measured written.
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -88,6 +92,29 @@ TEST(BenchDir, IsNeverCreatedAndNamedWhenMissing) {
     EXPECT_NE(r.output.find("--dir " + missing + " does not exist"), std::string::npos) << cmd << ": " << r.output;
     EXPECT_FALSE(Exists(missing)) << cmd << " created --dir";
   }
+}
+
+// What a killed strata-bench (kill -9) left in --dir goes with the next run,
+// named; a directory whose owner lives, or that is not strata-bench's, stays.
+TEST(BenchDir, AKilledRunsDirectoryIsRemovedByTheNext) {
+  TempDir dir;
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(dead, &st, 0);
+  const std::string stale = dir.File("strata-bench.AAAAAA"), live = dir.File("strata-bench.BBBBBB"),
+                    foreign = dir.File("strata-bench.CCCCCC");
+  for (const std::string& d : {stale, live, foreign}) ::mkdir(d.c_str(), 0755);
+  std::ofstream(stale + "/.owner") << dead << "\n";
+  std::ofstream(stale + "/strata-nvme-" + std::to_string(dead) + "-0.swap") << std::string(4096, 'x');
+  std::ofstream(live + "/.owner") << 1 << "\n";  // PID 1 lives
+  auto r = RunCommand({BenchBinary(), "nvme", "--quick", "--dir", dir.path(), "--qd", "8", "--block", "1MiB"});
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_FALSE(Exists(stale));
+  EXPECT_NE(r.output.find("removed " + stale + ", left by process " + std::to_string(dead)), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(Exists(live));
+  EXPECT_TRUE(Exists(foreign));
 }
 
 TEST(BenchArgs, BadArgumentsAreNamed) {
