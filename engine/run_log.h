@@ -44,8 +44,11 @@
 //              "checkpoint" (the last one saved), "mfu_baseline_low"
 //
 // The file is locked (flock) while the run writes it: a second run
-// appending to it at the same time fails at Open naming the holder,
-// instead of mixing its lines in.
+// appending to it at the same time fails at Open, instead of mixing its
+// lines in.
+//
+// Ownership: a RunLog owns the JSON log's descriptor (and its lock) and its
+// progress line; `out` is the caller's. Move-only.
 //
 // Thread-safety: one thread.
 #pragma once
