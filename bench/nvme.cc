@@ -158,7 +158,8 @@ int RunNvme(int argc, char** argv) {
       "NvmeTier rings (one submission thread each), aio.intra_op_parallelism (default 1; --tune 1,8)")(
       "reps", po::value(&reps_text)->value_name("N"), "passes per figure; the median is shown (default 3; --tune 2)")(
       "fixed", po::bool_switch(&fixed), "register the buffer with both (fixed-buffer I/O)")(
-      "checksum", po::value(&checksum_text)->value_name("KIND"), "NvmeTier checksums: none, crc32c, xxh64");
+      "checksum", po::value(&checksum_text)->value_name("KIND"),
+      "NvmeTier checksums: none, crc32c, xxh64 (default crc32c, as training runs the tier)");
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;
   if (quick && common.full) return BadOption(InvalidArgument("--quick and --full exclude each other"));
