@@ -123,8 +123,8 @@ TEST(TrainSignals, SighupSaves) {
 // A second signal while the first is being handled exits at once.
 TEST(TrainSignals, ASecondSignalExitsAtOnce) {
   TempDir dir;
-  // Steps long enough (a few hundred ms here) for the second to come first.
-  const std::string config = WriteConfig(dir, 200, 4, 256, 128, 8);
+  // Steps long enough (about a second here) for the second to come while the first waits.
+  const std::string config = WriteConfig(dir, 200, 6, 384, 128, 8);
   const CommandResult r =
       RunAndSignalWhen(Train(config, {"--save", dir.File("ckpt")}), "step 1/200 |", {SIGINT, SIGINT}, 0.02);
   ASSERT_EQ(r.rc, 130) << r.output;
