@@ -65,6 +65,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -76,6 +77,7 @@
 
 #include "base/half.h"
 #include "base/host_memory.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
 #include "optim/cpu_adam.h"
@@ -137,8 +139,12 @@ Result<size_t> ParseCount(const std::string& s) {
     default: break;
   }
   char* end = nullptr;
+  errno = 0;
   unsigned long long v = std::strtoull(digits.c_str(), &end, 10);
-  if (digits.empty() || *end != '\0' || v == 0) return InvalidArgument("bad size '" + s + "' (e.g. 1M, 64M, 1G)");
+  // strtoull reads "-1" as 2^64 - 1: digits only, and no product past 2^62.
+  if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos || *end != '\0' || v == 0 ||
+      errno == ERANGE || v > (uint64_t{1} << 62) / mult)
+    return InvalidArgument("bad size '" + s + "' (e.g. 1M, 64M, 1G)");
   return static_cast<size_t>(v) * mult;
 }
 
@@ -705,11 +711,11 @@ int RunAdam(int argc, char** argv) {
       threads.push_back(1);
       threads.push_back(all);
     } else {
+      // More threads than the hardware's would be capped by oneTBB without a word.
       for (const auto& t : SplitComma(threads_s)) {
-        const int n = t == "all" ? all : std::atoi(t.c_str());
-        if (n < 1 || (t != "all" && t.find_first_not_of("0123456789") != std::string::npos))
+        if (t != "all" && t.find_first_not_of("0123456789") != std::string::npos)
           refuse(InvalidArgument("--threads: '" + t + "' is not a positive integer or all"));
-        threads.push_back(n);
+        threads.push_back(t == "all" ? all : static_cast<int>(ParseIntArg("--threads", t, 1, all)));
       }
     }
     if (common.full && threads_s.empty()) threads.push_back(all);
@@ -756,7 +762,15 @@ int RunAdam(int argc, char** argv) {
     if (pfs.empty() || tiles.empty() || pins.empty() || hints.empty())
       refuse(InvalidArgument("--prefetch, --prefetch-hint, --tile and --pin need at least one value each"));
     const size_t stagger = stagger_s == "0" ? 0 : arg(ParseCount(stagger_s), "--stagger");
-    reps = std::max(reps, 3);
+    // Every value in its range (bench/args.h), before anything is allocated.
+    CheckIntArg("--reps", reps, 3, 1000000);
+    for (size_t n : sizes) CheckIntArg("--sizes", static_cast<int64_t>(n), 1, int64_t{1} << 40);
+    for (size_t t : tiles) {
+      CheckIntArg("--tile", static_cast<int64_t>(t), 64, int64_t{1} << 24);
+      if (t % 64) RefuseArgument("--tile " + std::to_string(t) + ": must be a multiple of 64 elements");
+    }
+    for (const Prefetching& pf : pfs) CheckBytesArg("--prefetch", pf.bytes, 0, 64 * kKiB, 64);
+    CheckBytesArg("--stagger", stagger, 0, kGiB, 64);
     const RoofKernel roof_kernel = optim::IsaSupported(Isa::kAvx512)   ? RoofKernel::kAvx512
                                   : optim::IsaSupported(Isa::kAvx2) ? RoofKernel::kAvx2
                                                                     : RoofKernel::kSse2;

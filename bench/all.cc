@@ -297,7 +297,7 @@ int RunAll(int argc, char** argv) {
     return 2;
   };
   if (o.quick && o.full) return bad("--quick and --full exclude each other");
-  if (o.accum < 1) return bad("--accum " + std::to_string(o.accum) + ": must be at least 1");
+  if (o.accum < 1 || o.accum > (1 << 16)) return bad("--accum " + std::to_string(o.accum) + ": must be in [1, 65536]");
   if (!o.only.empty() && !o.skip.empty()) return bad("--only and --skip exclude each other");
   for (const std::string* list : {&o.only, &o.skip})
     for (const auto& n : Split(*list))

@@ -34,6 +34,7 @@
 
 #include "base/device.h"
 #include "base/half.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
 #include "kernels/backend.h"
@@ -174,10 +175,11 @@ int RunAttention(int argc, char** argv) {
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;
   o.check = !no_check;
-  if (o.reps < 1 || o.trials < 1 || o.warmup < 0 || o.peak_size < 16) {
-    std::cerr << "strata-bench attention: need --reps >= 1, --trials >= 1, --warmup >= 0, --peak-size >= 16\n";
-    return 2;
-  }
+  // Every value in its range (bench/args.h).
+  CheckIntArg("--reps", o.reps, 1, 1000000);
+  CheckIntArg("--trials", o.trials, 1, 1000);
+  CheckIntArg("--warmup", o.warmup, 0, 1000000);
+  CheckIntArg("--peak-size", o.peak_size, 16, 65536);
   DType dt;
   if (o.dtype == "bf16") {
     dt = DType::kBF16;
@@ -194,6 +196,10 @@ int RunAttention(int argc, char** argv) {
       std::cerr << "strata-bench attention: --shape '" << s << "': expected B,H,T,D (positive integers)\n";
       return 2;
     }
+    CheckIntArg("--shape B", ns.B, 1, 1 << 16);
+    CheckIntArg("--shape H", ns.H, 1, 1 << 12);
+    CheckIntArg("--shape T", ns.T, 1, 1 << 20);
+    CheckIntArg("--shape D", ns.D, 1, 1024);
     shapes.push_back(ns);
   }
   if (shapes.empty())

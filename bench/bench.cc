@@ -1,9 +1,14 @@
 #include "bench/bench.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -205,14 +210,49 @@ Result<BenchDir> BenchDir::Make(const std::string& path) {
                       "given: make it on the drive to measure, e.g. mkdir -p " + path + ")");
     if (!S_ISDIR(st.st_mode)) return InvalidArgument("--dir " + path + " is not a directory");
   }
+  RemoveStaleBenchDirs(parent);
   std::string tmpl = parent + "/strata-bench.XXXXXX";
   if (mkdtemp(tmpl.data()) == nullptr)
     return ErrnoStatus("cannot create a directory for the benchmark's files", tmpl);
-  return BenchDir(tmpl);
+  BenchDir dir(tmpl);
+  // Held while the directory lives, with this process's PID: a later run
+  // tells it from one a killed run left.
+  const std::string owner = tmpl + "/.owner";
+  dir.lock_fd_ = ::open(owner.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (dir.lock_fd_ < 0 || ::flock(dir.lock_fd_, LOCK_EX | LOCK_NB) != 0)
+    return ErrnoStatus("cannot lock the benchmark's directory", owner);
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::pwrite(dir.lock_fd_, pid.data(), pid.size(), 0) != static_cast<ssize_t>(pid.size()))
+    return ErrnoStatus("cannot write", owner);
+  return dir;
 }
 
-BenchDir::BenchDir(BenchDir&& o) noexcept : path_(std::move(o.path_)), owned_(o.owned_) {
+void BenchDir::RemoveStaleBenchDirs(const std::string& parent) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(parent, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("strata-bench.", 0) != 0 || !e.is_directory(ec)) continue;
+    // Only a directory with an owner file (strata-bench's own) whose lock is
+    // free and whose process is gone; anything else stays.
+    const int fd = ::open((e.path() / ".owner").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    char buf[32] = {};
+    const ssize_t n = ::pread(fd, buf, sizeof buf - 1, 0);
+    const long pid = n > 0 ? std::strtol(buf, nullptr, 10) : 0;
+    const bool gone = ::flock(fd, LOCK_EX | LOCK_NB) == 0 && pid > 0 && ::kill(static_cast<pid_t>(pid), 0) != 0 &&
+                      errno == ESRCH;
+    ::close(fd);
+    if (!gone) continue;
+    std::filesystem::remove_all(e.path(), ec);
+    if (!ec)
+      std::cerr << "strata-bench: removed " << e.path().string() << ", left by process " << pid
+                << ", which was killed before it could\n";
+  }
+}
+
+BenchDir::BenchDir(BenchDir&& o) noexcept : path_(std::move(o.path_)), owned_(o.owned_), lock_fd_(o.lock_fd_) {
   o.owned_ = false;
+  o.lock_fd_ = -1;
 }
 
 BenchDir::~BenchDir() {
@@ -220,6 +260,7 @@ BenchDir::~BenchDir() {
     std::error_code ec;
     std::filesystem::remove_all(path_, ec);
   }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
 }
 
 double Median(std::vector<double> v) {

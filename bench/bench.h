@@ -91,6 +91,10 @@ class Report {
 // on disk, unlike /tmp on tmpfs); a given path (--dir) must exist already —
 // strata-bench never creates it, so a typo cannot measure the wrong disk —
 // and the private directory is made inside it (PATH/strata-bench.XXXXXX).
+// The directory holds a lock (flock on its ".owner" file, with the PID)
+// while it lives; Make first removes the strata-bench directories a killed
+// run (kill -9) left in the same place — their lock free, their process
+// gone — and says so on stderr.
 class BenchDir {
  public:
   // NotFound naming --dir and the path when it does not exist,
@@ -104,8 +108,10 @@ class BenchDir {
 
  private:
   explicit BenchDir(std::string path) : path_(std::move(path)), owned_(true) {}
+  static void RemoveStaleBenchDirs(const std::string& parent);
   std::string path_;
   bool owned_ = false;
+  int lock_fd_ = -1;  // the ".owner" file, locked
 };
 
 // Median of `v` (copied; v may be unsorted). 0 for an empty vector.

@@ -4,10 +4,13 @@
 // with no arguments lists them. Every figure is printed beside its physical
 // baseline measured in the same run, and the ratio. Ctrl-C stops a sweep
 // cleanly (bench/sweep.h: what was measured is written, exit 130); a failure
-// (bench.h's Die) unwinds to here, so every command's files are removed.
+// (bench.h's Die, or any exception: std::bad_alloc of a buffer too large)
+// unwinds to here, so every command's files are removed; a bad argument
+// (bench/args.h) is named with its range, exit 2.
 #include <cstring>
 #include <iostream>
 
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
 
@@ -30,7 +33,15 @@ int main(int argc, char** argv) {
     if (std::strcmp(c.name, argv[1])) continue;
     try {
       return c.run(argc - 1, argv + 1);
+    } catch (const strata::bench::BadArgument& e) {
+      strata::bench::ClearProgressLine();
+      std::cerr << "strata-bench " << c.name << ": " << e.what() << "\ntry: strata-bench " << c.name << " --help\n";
+      return 2;
     } catch (const strata::bench::BenchFailure& e) {
+      strata::bench::ClearProgressLine();
+      std::cerr << "strata-bench " << c.name << ": " << e.what() << "\n";
+      return 1;
+    } catch (const std::exception& e) {  // std::bad_alloc, ...: the files go as the stack unwinds
       strata::bench::ClearProgressLine();
       std::cerr << "strata-bench " << c.name << ": " << e.what() << "\n";
       return 1;

@@ -33,11 +33,13 @@
 
 #include "base/bytes.h"
 #include "bench/aio_block.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/nvme_measure.h"
 #include "bench/raw_io.h"
 #include "bench/sweep.h"
 #include "engine/path_probe.h"
+#include "tiers/nvme/nvme_tier.h"
 
 namespace po = boost::program_options;
 
@@ -73,11 +75,7 @@ Result<std::vector<uint64_t>> ParseList(const std::string& text, bool bytes, con
       if (!v.ok()) return v.status().WithContext(what);
       out.push_back(*v);
     } else {
-      char* end = nullptr;
-      unsigned long v = std::strtoul(item.c_str(), &end, 10);
-      if (end == item.c_str() || *end != '\0' || v == 0)
-        return InvalidArgument(std::string(what) + ": '" + item + "' is not a positive integer");
-      out.push_back(v);
+      out.push_back(static_cast<uint64_t>(ParseIntArg(what, item, 1, INT64_MAX)));
     }
   }
   if (out.empty()) return InvalidArgument(std::string(what) + ": empty list");
@@ -137,8 +135,9 @@ void PrintTuneResult(const std::vector<Point>& points, bool stopped, Report& rep
 
 int RunNvme(int argc, char** argv) {
   CommonOptions common;
-  std::string size_text, tensors_text, blocks_text, depths_text, rings_text, checksum_text = "none";
-  int reps = 0;
+  std::string size_text, tensors_text, blocks_text, depths_text, rings_text,
+      checksum_text(ChecksumName(NvmeOptions{}.checksum));  // as the tier runs by default
+  std::string reps_text;
   bool fixed = false, tune = false, quick = false;
   po::options_description desc(
       "strata-bench nvme: the NvmeTier vs a plain io_uring O_DIRECT loop on the same file (GB/s, ratio)");
@@ -157,9 +156,10 @@ int RunNvme(int argc, char** argv) {
       "queue depths per ring, aio.queue_depth (default 1,8,32; --tune 32,128)")(
       "rings", po::value(&rings_text)->value_name("LIST"),
       "NvmeTier rings (one submission thread each), aio.intra_op_parallelism (default 1; --tune 1,8)")(
-      "reps", po::value(&reps)->value_name("N"), "passes per figure; the median is shown (default 3; --tune 2)")(
+      "reps", po::value(&reps_text)->value_name("N"), "passes per figure; the median is shown (default 3; --tune 2)")(
       "fixed", po::bool_switch(&fixed), "register the buffer with both (fixed-buffer I/O)")(
-      "checksum", po::value(&checksum_text)->value_name("KIND"), "NvmeTier checksums: none, crc32c, xxh64");
+      "checksum", po::value(&checksum_text)->value_name("KIND"),
+      "NvmeTier checksums: none, crc32c, xxh64 (default crc32c, as training runs the tier)");
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;
   if (quick && common.full) return BadOption(InvalidArgument("--quick and --full exclude each other"));
@@ -173,23 +173,18 @@ int RunNvme(int argc, char** argv) {
   auto rings = ParseList(rings_text.empty() ? def.rings : rings_text, false, "--rings");
   for (const auto* l : {&tensors, &blocks, &depths, &rings})
     if (!l->ok()) return BadOption(l->status());
-  if (reps == 0) reps = def.reps;
   auto checksum = ParseChecksumKind(checksum_text);
   if (!checksum) return BadOption(InvalidArgument("--checksum '" + checksum_text + "': none, crc32c or xxh64"));
-  if (reps < 1) return BadOption(InvalidArgument("--reps " + std::to_string(reps) + ": must be at least 1"));
-  if (size == 0 || size % 4096 != 0)
-    return BadOption(InvalidArgument("--size " + FormatBytes(size) + ": must be a positive multiple of 4 KiB"));
+  // Every value in its range (bench/args.h): a zero tensor once divided by zero.
+  const int reps = reps_text.empty() ? def.reps : static_cast<int>(ParseIntArg("--reps", reps_text, 1, 1000));
+  CheckBytesArg("--size", size, 4096, uint64_t{1} << 40, 4096);
+  CheckBytesArgs("--tensor", *tensors, 4096, size, 4096);
   for (uint64_t t : *tensors)
-    if (t % 4096 != 0 || size % t != 0)
-      return BadOption(InvalidArgument("--tensor " + FormatBytes(t) + ": must be a multiple of 4 KiB dividing --size " +
-                                       FormatBytes(size)));
-  for (uint64_t b : *blocks)
-    if (b % 4096 != 0 || b > kGiB)
-      return BadOption(InvalidArgument("--block " + FormatBytes(b) + ": must be a multiple of 4 KiB, at most 1 GiB"));
-  for (uint64_t q : *depths)
-    if (q > 4096) return BadOption(InvalidArgument("--qd " + std::to_string(q) + ": at most 4096"));
-  for (uint64_t r : *rings)
-    if (r > 64) return BadOption(InvalidArgument("--rings " + std::to_string(r) + ": at most 64"));
+    if (size % t != 0)
+      RefuseArgument("--tensor " + FormatBytes(t) + ": must divide --size " + FormatBytes(size));
+  CheckBytesArgs("--block", *blocks, 4096, kGiB, 4096);
+  for (uint64_t q : *depths) CheckIntArg("--qd", static_cast<int64_t>(q), 1, 4096);
+  for (uint64_t r : *rings) CheckIntArg("--rings", static_cast<int64_t>(r), 1, 64);
 
   BenchDir dir = BENCH_VALUE(BenchDir::Make(common.dir));
   AlignedBuffer buf(size);

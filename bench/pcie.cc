@@ -27,6 +27,7 @@
 
 #include "base/bytes.h"
 #include "base/device.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
 #include "tiers/copy_engine.h"
@@ -310,10 +311,8 @@ int RunPcie(int argc, char** argv) {
     if (cfg.bytes == Config{}.bytes) cfg.bytes = "8GiB";
     if (cfg.reps == Config{}.reps) cfg.reps = 5;
   }
-  if (cfg.reps < 1) {
-    std::cerr << "strata-bench pcie: --reps must be >= 1\n";
-    return 2;
-  }
+  CheckIntArg("--reps", cfg.reps, 1, 1000);
+  CheckIntArg("--device", cfg.device, 0, 1023);
   auto sizes = ParseSizes(cfg.sizes);
   Result<uint64_t> bytes = ParseBytes(cfg.bytes);
   if (!bytes.ok()) bytes = bytes.status().WithContext("--bytes");
@@ -321,6 +320,13 @@ int RunPcie(int argc, char** argv) {
     std::cerr << "strata-bench pcie: " << (sizes.ok() ? bytes.status() : sizes.status()).ToString() << "\n";
     return 2;
   }
+  // Every value in its range (bench/args.h), before anything is allocated.
+  Result<uint64_t> chunk = ParseBytes(cfg.chunk);
+  if (!chunk.ok()) RefuseArgument("--chunk: " + std::string(chunk.status().message()));
+  CheckBytesArg("--chunk", *chunk, 4 * kKiB, kGiB);
+  CheckBytesArgs("--sizes", *sizes, 1, 64 * kGiB);
+  CheckBytesArg("--bytes", *bytes, 4 * kKiB, 1024 * kGiB);
+  CheckHostMemoryArg("--sizes", 4 * *std::max_element(sizes->begin(), sizes->end()), "4 buffers of the largest size");
   Report report("pcie");
   std::string why;
   bool gpu = CudaDeviceCount(&why) > 0 && !cfg.stand_in;

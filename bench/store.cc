@@ -36,6 +36,7 @@
 
 #include "base/bytes.h"
 #include "base/device.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
 #include "tiers/tier_store.h"
@@ -108,17 +109,25 @@ int RunStore(int argc, char** argv) {
   if (!size_r.ok()) size_r = size_r.status().WithContext("--tensor-size");
   Result<uint64_t> block_r = ParseBytes(cfg.block);
   if (!block_r.ok()) block_r = block_r.status().WithContext("--block");
-  if (!size_r.ok() || !block_r.ok() || cfg.tensors < 1 || cfg.reps < 1 || cfg.ops < 1 || cfg.workers < 1) {
-    std::cerr << "strata-bench store: bad options: "
-              << (!size_r.ok() ? size_r.status().ToString()
-                  : !block_r.ok() ? block_r.status().ToString()
-                                  : "--tensors, --reps, --ops and --workers must be >= 1")
+  if (!size_r.ok() || !block_r.ok()) {
+    std::cerr << "strata-bench store: bad options: " << (!size_r.ok() ? size_r.status() : block_r.status()).ToString()
               << "\n";
     return 2;
   }
+  // Every value in its range (bench/args.h), before anything is allocated.
+  CheckIntArg("--tensors", cfg.tensors, 1, 4096);
+  CheckIntArg("--reps", cfg.reps, 1, 1000);
+  CheckIntArg("--qd", cfg.qd, 1, 4096);
+  CheckIntArg("--workers", cfg.workers, 1, 64);
+  CheckIntArg("--ops", cfg.ops, 1, 1'000'000'000);
+  CheckBytesArg("--tensor-size", *size_r, 1, 64 * kGiB);
+  CheckBytesArg("--block", *block_r, 4 * kKiB, kGiB, 4 * kKiB);
   const uint64_t size = AlignUp(*size_r, 4096);
   const int n = cfg.tensors;
   const uint64_t set_bytes = size * n;
+  // The host tier's budget below, and the GPU stand-in's without a GPU.
+  CheckHostMemoryArg("--tensors x --tensor-size", 3 * set_bytes + 96 * kMiB + (CudaDeviceCount() == 0 ? 2 * set_bytes : 0),
+                     "the store's tiers for " + std::to_string(n) + " tensors of " + FormatBytes(size));
   BenchDir dir = BENCH_VALUE(BenchDir::Make(common.dir));
 
   TierStoreOptions o;

@@ -41,6 +41,7 @@ void InstallStopHandler() {
   sa.sa_flags = SA_RESTART;  // blocking waits continue; the sweep sees the flag at its next point
   sigaction(SIGINT, &sa, nullptr);
   sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);  // the terminal closed: stop as cleanly, files removed
 }
 
 bool StopRequested() { return g_stop.load(std::memory_order_relaxed); }

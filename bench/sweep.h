@@ -1,7 +1,7 @@
 // A sweep's two courtesies to the person running it: a progress line with
 // the time left, and a clean stop on Ctrl-C.
 //
-// Stop: main() calls InstallStopHandler() once; SIGINT and SIGTERM then only
+// Stop: main() calls InstallStopHandler() once; SIGINT, SIGTERM and SIGHUP then only
 // set a flag (the handler writes one line and nothing else), which the
 // sweeps poll with StopRequested() between measurements. A stopped command
 // prints and writes what it measured, removes its files like any other exit
@@ -30,9 +30,9 @@ namespace strata::bench {
 inline constexpr int kStoppedExit = 130;
 inline constexpr double kProgressAfterSeconds = 3.0;
 
-// SIGINT and SIGTERM set the stop flag (installed once; later calls no-ops).
+// SIGINT, SIGTERM and SIGHUP set the stop flag (installed once; later calls no-ops).
 void InstallStopHandler();
-// True once Ctrl-C (or SIGTERM) arrived, or RequestStop() was called.
+// True once Ctrl-C (or SIGTERM, SIGHUP) arrived, or RequestStop() was called.
 bool StopRequested();
 // Sets the flag as the signal would (tests, and commands that give up early).
 void RequestStop();

@@ -38,6 +38,7 @@
 
 #include "base/device.h"
 #include "base/half.h"
+#include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/train_offload.h"
 #include "kernels/backend.h"
@@ -230,6 +231,11 @@ int RunResident(const TrainOptions& o) {
            " parameters, " + std::to_string(static_cast<int64_t>(tokens_per_step)) +
            " tokens per step, median of " + std::to_string(o.steps) + " steps; loss " +
            std::to_string(loss) + ")");
+  if (mfu > 1)
+    rep.Note("warning: MFU above 100% means the GEMM baseline (" + std::to_string(peak) +
+             " TFLOP/s) was measured below what the step reached: the machine was busier while the baseline ran "
+             "than during the steps, or --peak-size " + std::to_string(peak_n) +
+             " is too small to reach the peak; the MFU figure is not meaningful");
   rep.Print();
 
   if (o.profile && !cpu) {
@@ -285,9 +291,11 @@ const Workload kWorkloads[] = {
     {"resident", "the whole model on the GPU, per-layer recompute (default GPT 1.3B)", RunResident},
 };
 
+// `flag` is on the command line (as "--flag V" or "--flag=V").
 bool Given(int argc, char** argv, const char* flag) {
+  const size_t n = std::strlen(flag);
   for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], flag, std::strlen(flag)) == 0) return true;
+    if (std::strncmp(argv[i], flag, n) == 0 && (argv[i][n] == '\0' || argv[i][n] == '=')) return true;
   return false;
 }
 bool vm_backend_given(int argc, char** argv) { return Given(argc, argv, "--backend"); }
@@ -331,10 +339,24 @@ int RunTrain(int argc, char** argv) {
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;
   o.profile = !no_profile;
-  if (o.steps < 1 || o.warmup < 0) {
-    std::cerr << "strata-bench train: --steps must be >= 1 and --warmup >= 0\n";
-    return 2;
-  }
+  // Every value given in its range (bench/args.h): 0 is the options' own
+  // "the workload's default", never a value a user gives.
+  CheckIntArg("--steps", o.steps, 1, 1000000);
+  CheckIntArg("--warmup", o.warmup, 0, 1000000);
+  const struct {
+    const char* flag;
+    int64_t value, lo, hi;
+  } dims[] = {{"--layers", o.layers, 1, 10000},  {"--d", o.d, 1, 1 << 16},         {"--heads", o.heads, 1, 1024},
+              {"--seq", o.seq, 1, 1 << 20},      {"--batch", o.batch, 1, 1 << 16}, {"--vocab", o.vocab, 2, 1 << 24},
+              {"--peak-size", o.peak_size, 256, 65536}, {"--accum", accum, 1, 1 << 16}};
+  for (const auto& d : dims)
+    if (Given(argc, argv, d.flag)) CheckIntArg(d.flag, d.value, d.lo, d.hi);
+  CheckRealArg("--optimizer-ratio", ratio, 0, 1);
+  CheckRealArg("--clip", clip, 0, 1e30);
+  if (o.resident && !workload.empty()) RefuseArgument("--resident and --workload exclude each other");
+  if (workload.empty())
+    for (const char* f : {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--clip"})
+      if (Given(argc, argv, f)) RefuseArgument(std::string(f) + " applies to --workload runs only");
   if (!workload.empty()) {
     OffloadBenchOptions w;
     w.common = o.common;

@@ -1,6 +1,9 @@
+// Checkpoints (engine/checkpoint.h): the save — state files, the Hugging
+// Face files, the manifest with every file's checksum, into place — and the
+// load — the manifest and every file verified, then the tensors validated
+// and written into the shards.
 #include "engine/checkpoint.h"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -8,9 +11,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <sstream>
 
+#include "engine/durable_file.h"
+#include "engine/hf_export.h"
 #include "engine/safetensors.h"
+#include "tiers/nvme/checksum.h"
 
 namespace strata {
 
@@ -20,65 +27,30 @@ using models::ParamSpec;
 namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
-
-Status WriteFileAtomic(const std::string& path, const std::string& text) {
-  std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return ErrnoStatus("cannot create", tmp);
-  Status s = WriteAll(fd, text.data(), text.size(), tmp, 0);
-  if (s.ok() && ::fsync(fd) != 0) s = ErrnoStatus("fsync failed", tmp);
-  if (::close(fd) != 0 && s.ok()) s = ErrnoStatus("close failed", tmp);
-  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) s = ErrnoStatus("rename into place failed", path);
-  if (!s.ok()) ::unlink(tmp.c_str());
-  RETURN_IF_ERROR(s);
-  return SyncParentDir(path);
-}
-
-Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open directory to fsync", dir);
-  Status s = ::fsync(fd) == 0 ? Status::OK() : ErrnoStatus("fsync of directory failed", dir);
-  ::close(fd);
-  return s;
-}
-
-std::string StepName(int64_t step) {
-  char b[32];
-  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
-  return b;
-}
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kManifest = "manifest.json";
 
 nlohmann::json ModelJson(const models::ModelSpec& m) {
   return {{"n_layer", m.n_layer}, {"n_embd", m.d_model}, {"n_head", m.n_head},
           {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab}, {"seq_len", m.max_seq}};
 }
 
-}  // namespace
+// The manifest's checksum of itself: of its compact dump (keys sorted)
+// without the field that holds it.
+uint32_t ManifestCrc(nlohmann::json m) {
+  m.erase("manifest_crc32c");
+  const std::string d = m.dump();
+  return Crc32c(d.data(), d.size());
+}
 
-Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
-                      const std::vector<CheckpointShard>& shards, const TrainState& state,
-                      const nlohmann::json& config, std::ostream* log) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return IoError("cannot create checkpoint directory", ec.value(), dir);
-  const std::string name = StepName(state.step);
-  const std::string final_dir = dir + "/" + name;
-  const std::string tmp_dir = dir + "/." + name + ".tmp." + std::to_string(::getpid());
-  fs::remove_all(tmp_dir, ec);
-  if (::mkdir(tmp_dir.c_str(), 0755) != 0) return ErrnoStatus("cannot create", tmp_dir);
-  // Anything failing below removes the temporary directory; the previous
-  // checkpoint and `latest` are untouched.
-  struct Cleanup {
-    std::string path;
-    bool keep = false;
-    ~Cleanup() {
-      if (!keep) {
-        std::error_code e;
-        fs::remove_all(path, e);
-      }
-    }
-  } cleanup{tmp_dir};
+nlohmann::json SumJson(const FileSum& s) { return {{"crc32c", Crc32cHex(s.crc32c)}, {"bytes", s.bytes}}; }
 
+using FileSums = std::map<std::string, FileSum>;  // file name in the step directory -> its sum
+
+// model.safetensors and optimizer.safetensors of `shards`, streamed shard by shard.
+Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& model,
+                       const std::vector<CheckpointShard>& shards, const TrainState& state, FileSums* sums) {
   const std::vector<ParamSpec>& tensors = model.params;
   if (shards.size() != model.units.size())
     return Internal("checkpoint: " + std::to_string(shards.size()) + " shards for a model of " +
@@ -92,8 +64,8 @@ Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
   }
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "strata"},
                                              {"step", std::to_string(state.step)}};
-  ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/model.safetensors", mdecl, meta));
-  ASSIGN_OR_RETURN(auto ow, SafetensorsWriter::Begin(tmp_dir + "/optimizer.safetensors", odecl, meta));
+  ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/" + kModelFile, mdecl, meta));
+  ASSIGN_OR_RETURN(auto ow, SafetensorsWriter::Begin(tmp_dir + "/" + kOptimizerFile, odecl, meta));
   size_t loaded = SIZE_MAX;
   std::vector<float> w, m, v;
   for (const auto& t : tensors) {
@@ -113,7 +85,31 @@ Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
   }
   RETURN_IF_ERROR(mw->Commit());
   RETURN_IF_ERROR(ow->Commit());
+  (*sums)[kModelFile] = {mw->crc32c(), mw->file_bytes()};
+  (*sums)[kOptimizerFile] = {ow->crc32c(), ow->file_bytes()};
+  return Status::OK();
+}
 
+// config.json, generation_config.json and the source model's tokenizer files.
+Status WriteHfFiles(const std::string& tmp_dir, const models::ModelSpec& model, const std::string& source,
+                    FileSums* sums) {
+  Result<nlohmann::json> config = HfConfigJson(model, source);
+  if (config.status().code() == StatusCode::kUnavailable) return Status::OK();  // a family without a HF class
+  RETURN_IF_ERROR(config.status());
+  ASSIGN_OR_RETURN(nlohmann::json gen, HfGenerationConfig(*config, source));
+  ASSIGN_OR_RETURN((*sums)["config.json"], WriteFileSynced(tmp_dir + "/config.json", config->dump(2) + "\n"));
+  ASSIGN_OR_RETURN((*sums)["generation_config.json"],
+                   WriteFileSynced(tmp_dir + "/generation_config.json", gen.dump(2) + "\n"));
+  for (const std::string& name : TokenizerFiles(source)) {
+    ASSIGN_OR_RETURN((*sums)[name], CopyFileSynced(source + "/" + name, tmp_dir + "/" + name));
+  }
+  return Status::OK();
+}
+
+nlohmann::json ManifestJson(const models::ModelSpec& model, const TrainState& state, const nlohmann::json& config,
+                            const FileSums& sums) {
+  nlohmann::json checksums = nlohmann::json::object();
+  for (const auto& [name, sum] : sums) checksums[name] = SumJson(sum);
   nlohmann::json manifest = {
       {"format", kFormat},
       {"step", state.step},
@@ -125,33 +121,80 @@ Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
         {"cur_iter", state.scaler.cur_iter},
         {"last_overflow_iter", state.scaler.last_overflow_iter},
         {"cur_hysteresis", state.scaler.cur_hysteresis}}},
-      {"files", {{"model", "model.safetensors"}, {"optimizer", "optimizer.safetensors"}}},
+      {"files", {{"model", kModelFile}, {"optimizer", kOptimizerFile}}},
+      {"checksums", checksums},
       {"config", config},
   };
-  RETURN_IF_ERROR(WriteFileAtomic(tmp_dir + "/manifest.json", manifest.dump(2) + "\n"));
-  RETURN_IF_ERROR(SyncDir(tmp_dir));
+  manifest["manifest_crc32c"] = Crc32cHex(ManifestCrc(manifest));
+  return manifest;
+}
 
-  // Into place. A checkpoint of the same step saved before is replaced only
-  // after the new one is complete.
+// The complete `tmp_dir` becomes DIR/`name`; a checkpoint of the same step
+// saved before is replaced only after the new one is in place.
+Status MoveIntoPlace(const std::string& dir, const std::string& name, const std::string& tmp_dir) {
+  const std::string final_dir = dir + "/" + name;
+  std::error_code ec;
   std::string old_dir;
   if (fs::exists(final_dir, ec)) {
     old_dir = dir + "/." + name + ".old." + std::to_string(::getpid());
     if (::rename(final_dir.c_str(), old_dir.c_str()) != 0) return ErrnoStatus("cannot move aside", final_dir);
   }
   if (::rename(tmp_dir.c_str(), final_dir.c_str()) != 0) return ErrnoStatus("cannot rename into place", final_dir);
-  cleanup.keep = true;
   RETURN_IF_ERROR(SyncDir(dir));
   RETURN_IF_ERROR(WriteFileAtomic(dir + "/latest", name + "\n"));
   if (!old_dir.empty()) fs::remove_all(old_dir, ec);
-  if (log) *log << "saved checkpoint " << final_dir << "\n";
   return Status::OK();
 }
 
-namespace {
+}  // namespace
+
+std::string CheckpointStepName(int64_t step) {
+  char b[32];
+  std::snprintf(b, sizeof b, "step-%06lld", static_cast<long long>(step));
+  return b;
+}
+
+Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
+                                   const std::vector<CheckpointShard>& shards, const TrainState& state,
+                                   const CheckpointExtras& extras) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return IoError("cannot create checkpoint directory", ec.value(), dir);
+  const std::string name = CheckpointStepName(state.step);
+  const std::string tmp_dir = dir + "/." + name + ".tmp." + std::to_string(::getpid());
+  fs::remove_all(tmp_dir, ec);
+  if (::mkdir(tmp_dir.c_str(), 0755) != 0) return ErrnoStatus("cannot create", tmp_dir);
+  // Anything failing below removes the temporary directory; the previous
+  // checkpoint and `latest` are untouched.
+  struct Cleanup {
+    std::string path;
+    bool keep = false;
+    ~Cleanup() {
+      if (!keep) {
+        std::error_code e;
+        fs::remove_all(path, e);
+      }
+    }
+  } cleanup{tmp_dir};
+
+  FileSums sums;
+  RETURN_IF_ERROR(WriteStateFiles(tmp_dir, model, shards, state, &sums));
+  RETURN_IF_ERROR(WriteHfFiles(tmp_dir, model, extras.model_source, &sums));
+  const nlohmann::json manifest = ManifestJson(model, state, extras.config, sums);
+  RETURN_IF_ERROR(WriteFileAtomic(tmp_dir + "/" + kManifest, manifest.dump(2) + "\n"));
+  RETURN_IF_ERROR(SyncDir(tmp_dir));
+  RETURN_IF_ERROR(MoveIntoPlace(dir, name, tmp_dir));
+  cleanup.keep = true;
+  const std::string final_dir = dir + "/" + name;
+  if (extras.log) *extras.log << "saved checkpoint " << final_dir << "\n";
+  return final_dir;
+}
+
+// ---- loading -------------------------------------------------------------------
 
 Result<std::string> ResolveCheckpoint(const std::string& dir) {
   std::error_code ec;
-  if (fs::exists(dir + "/manifest.json", ec)) return dir;
+  if (fs::exists(dir + "/" + kManifest, ec)) return dir;
   std::ifstream latest(dir + "/latest");
   if (!latest) {
     if (!fs::exists(dir, ec)) return IoError("checkpoint directory does not exist", ENOENT, dir);
@@ -161,28 +204,82 @@ Result<std::string> ResolveCheckpoint(const std::string& dir) {
   latest >> name;
   if (name.empty() || name.find('/') != std::string::npos)
     return DataLoss("the 'latest' file names no checkpoint", dir + "/latest");
-  if (!fs::exists(dir + "/" + name + "/manifest.json", ec))
+  if (!fs::exists(dir + "/" + name + "/" + kManifest, ec))
     return DataLoss("'latest' names " + name + " but it has no manifest.json", dir + "/latest");
   return dir + "/" + name;
 }
 
-}  // namespace
+namespace {
 
-Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
-                      const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path) {
-  ASSIGN_OR_RETURN(std::string ck, ResolveCheckpoint(dir));
-  if (path) *path = ck;
-  const std::string mpath = ck + "/manifest.json";
-  nlohmann::json manifest;
-  {
-    std::ifstream in(mpath);
-    if (!in) return ErrnoStatus("cannot open", mpath);
-    try {
-      in >> manifest;
-    } catch (const std::exception& e) {
-      return DataLoss(std::string("manifest is not valid JSON: ") + e.what(), mpath);
-    }
+// The manifest, parsed whole (trailing bytes are an error) and checked
+// against its own checksum when it has one.
+Result<nlohmann::json> ReadManifest(const std::string& mpath) {
+  std::ifstream in(mpath, std::ios::binary);
+  if (!in) return ErrnoStatus("cannot open", mpath);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json m = nlohmann::json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+  if (m.is_discarded() || !m.is_object())
+    return DataLoss("manifest is not a valid JSON object (damaged?)", mpath);
+  if (m.contains("checksums") && !m.contains("manifest_crc32c"))
+    return DataLoss("manifest has file checksums but not its own (manifest_crc32c): damaged", mpath);
+  if (m.contains("manifest_crc32c")) {
+    const std::string want = m["manifest_crc32c"].is_string() ? m["manifest_crc32c"].get<std::string>() : "";
+    const std::string have = Crc32cHex(ManifestCrc(m));
+    if (want != have)
+      return DataLoss("manifest does not match its own checksum (crc32c " + have + ", recorded " + want +
+                          "): it was changed after it was saved",
+                      mpath);
   }
+  return m;
+}
+
+// Every file the manifest lists has the size and crc32c it records.
+Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::ostream* log) {
+  if (!manifest.contains("checksums")) {
+    if (log)
+      *log << "warning: " << ck << " was saved without checksums (an older strata): its files are not "
+           << "verified\n";
+    return Status::OK();
+  }
+  const nlohmann::json& sums = manifest["checksums"];
+  if (!sums.is_object() || !sums.contains(kModelFile) || !sums.contains(kOptimizerFile))
+    return DataLoss("manifest's checksums lack the state files", ck + "/" + kManifest);
+  for (auto it = sums.begin(); it != sums.end(); ++it) {
+    const std::string path = ck + "/" + it.key();
+    if (it.key().find('/') != std::string::npos || !it.value().is_object())
+      return DataLoss("manifest lists a bad file entry '" + it.key() + "'", ck + "/" + kManifest);
+    const std::string want = it.value().value("crc32c", "");
+    const uint64_t want_bytes = it.value().value("bytes", uint64_t{0});
+    Result<FileSum> have = FileChecksum(path);
+    if (have.status().code() == StatusCode::kNotFound)
+      return DataLoss("a file of the checkpoint is missing (the manifest lists it)", path);
+    RETURN_IF_ERROR(have.status());
+    if (have->bytes != want_bytes)
+      return DataLoss("file is " + std::to_string(have->bytes) + " bytes, the manifest records " +
+                          std::to_string(want_bytes) + " (truncated, or replaced after the save)",
+                      path);
+    if (Crc32cHex(have->crc32c) != want)
+      return DataLoss("file does not match its checksum (crc32c " + Crc32cHex(have->crc32c) + ", the manifest records " +
+                          want + "): damaged, or copied in from another checkpoint",
+                      path);
+  }
+  return Status::OK();
+}
+
+// A state file holds the manifest's step (its metadata says which).
+Status CheckStepOf(const SafetensorsFile& f, int64_t step) {
+  auto it = f.metadata().find("step");
+  if (it == f.metadata().end()) return Status::OK();  // not written by strata
+  if (it->second != std::to_string(step))
+    return DataLoss("file belongs to step " + it->second + " (its metadata) but the manifest to step " +
+                        std::to_string(step) + ": copied in from another checkpoint",
+                    f.path());
+  return Status::OK();
+}
+
+Status ReadTrainState(const nlohmann::json& manifest, const models::ModelSpec& model, const std::string& mpath,
+                      TrainState* state) {
   try {
     if (manifest.value("format", "") != kFormat)
       return InvalidArgument(mpath + ": format is " + manifest.value("format", std::string("missing")) +
@@ -204,9 +301,32 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   } catch (const nlohmann::json::exception& e) {
     return DataLoss(std::string("manifest is missing a field: ") + e.what(), mpath);
   }
+  return Status::OK();
+}
 
-  ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/model.safetensors"));
-  ASSIGN_OR_RETURN(SafetensorsFile of, SafetensorsFile::Open(ck + "/optimizer.safetensors"));
+}  // namespace
+
+Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
+                      const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path,
+                      std::ostream* log) {
+  ASSIGN_OR_RETURN(std::string ck, ResolveCheckpoint(dir));
+  if (path) *path = ck;
+  const std::string mpath = ck + "/" + kManifest;
+  ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(mpath));
+  RETURN_IF_ERROR(ReadTrainState(manifest, model, mpath, state));
+  if (Status v = VerifyFiles(ck, manifest, log); !v.ok()) {
+    // A state file of another step says so more plainly than its checksum.
+    for (const char* f : {kModelFile, kOptimizerFile})
+      if (v.path() == ck + "/" + f)
+        if (Result<SafetensorsFile> other = SafetensorsFile::Open(ck + "/" + f); other.ok())
+          RETURN_IF_ERROR(CheckStepOf(*other, state->step));
+    return v;
+  }
+
+  ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/" + kModelFile));
+  ASSIGN_OR_RETURN(SafetensorsFile of, SafetensorsFile::Open(ck + "/" + kOptimizerFile));
+  RETURN_IF_ERROR(CheckStepOf(mf, state->step));
+  RETURN_IF_ERROR(CheckStepOf(of, state->step));
   const std::vector<ParamSpec>& tensors = model.params;
   if (shards.size() != model.units.size())
     return Internal("resume: " + std::to_string(shards.size()) + " shards for a model of " +

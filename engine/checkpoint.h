@@ -1,16 +1,31 @@
 // Checkpoints: model weights as safetensors under the model's Hugging Face
 // names (loadable by transformers: GPT2LMHeadModel for GPT-2), optimizer
-// state, and a manifest (config, step, data position, loss-scaler state).
+// state, the files Hugging Face needs to load the directory as a model
+// (engine/hf_export.h), and a manifest (config, step, data position,
+// loss-scaler state, a crc32c of every file).
 //
-//   DIR/step-000040/model.safetensors      fp32 master weights, HF names/layouts
-//   DIR/step-000040/optimizer.safetensors  exp_avg.<name>, exp_avg_sq.<name> (fp32)
+//   DIR/step-000040/model.safetensors        fp32 master weights, HF names/layouts
+//   DIR/step-000040/optimizer.safetensors    exp_avg.<name>, exp_avg_sq.<name> (fp32)
+//   DIR/step-000040/config.json              GPT2LMHeadModel's config of the trained shape
+//   DIR/step-000040/generation_config.json
+//   DIR/step-000040/tokenizer.json, ...      the source model's tokenizer files, when it had them
 //   DIR/step-000040/manifest.json
-//   DIR/latest                             "step-000040"
+//   DIR/latest                               "step-000040"
 //
-// Saving is atomic: everything is written into a temporary directory,
-// fsynced, renamed into place, and only then does `latest` move (written to a
-// temp file, fsynced, renamed). A crash at any point leaves the previous
-// checkpoint and `latest` intact.
+// Saving is atomic: everything is written into a temporary directory
+// (DIR/.step-000040.tmp.PID), fsynced, renamed into place, and only then
+// does `latest` move (written to a temp file, fsynced, renamed). A crash at
+// any point leaves the previous checkpoint and `latest` intact (the
+// leftovers are reclaimed by the next run: engine/save_dir.h).
+//
+// Integrity: the manifest records each file's crc32c and size and the step
+// (manifest fields "checksums" and "step"; both safetensors files carry the
+// step in their metadata too), and a crc32c of itself ("manifest_crc32c":
+// of the manifest without that field, as compact JSON with sorted keys).
+// Loading verifies all of it before anything is loaded: a flipped byte, a
+// truncated file, a file copied in from another step is DataLoss naming the
+// file. A checkpoint written before checksums existed loads with a warning
+// that it could not be verified.
 //
 // Resuming restores the fp32 master weights and moments exactly; the
 // low-precision parameters are the master rounded again (which is what the
@@ -46,19 +61,35 @@ struct TrainState {
   std::string precision;
 };
 
-// Writes a checkpoint of `state` under `dir` (created if needed). `config`
-// is recorded in the manifest. Progress lines go to `log` when given.
-Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
-                      const std::vector<CheckpointShard>& shards, const TrainState& state,
-                      const nlohmann::json& config, std::ostream* log);
+// What a save writes beside the state.
+struct CheckpointExtras {
+  nlohmann::json config;     // the run's config, recorded in the manifest
+  std::string model_source;  // the directory the model came with (engine/hf_export.h); "" = none
+  std::ostream* log = nullptr;  // "saved checkpoint DIR/step-N" when given
+};
+
+// "step-000040".
+std::string CheckpointStepName(int64_t step);
+
+// Writes a checkpoint of `state` under `dir` (created if needed) and returns
+// the step directory's path.
+Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
+                                   const std::vector<CheckpointShard>& shards, const TrainState& state,
+                                   const CheckpointExtras& extras);
 
 // Reads the checkpoint at `dir` (a step directory, or a save directory whose
-// `latest` names one) into the shards and `state`. A model whose shape
-// differs, a missing or truncated file, a tensor of the wrong shape or dtype:
-// each is an error naming the file and the tensor. Both files are validated
-// whole before the first shard is written; only a failure of a shard's own
-// write (the store) can stop the load part-way.
+// `latest` names one) into the shards and `state`; `path` gets the step
+// directory. First every file is verified against the manifest (DataLoss
+// naming the file that does not match: its crc32c, its size, or its step),
+// then a model whose shape differs, a tensor of the wrong shape or dtype is
+// an error naming the file and the tensor; only a failure of a shard's own
+// write (the store) can stop the load part-way. Warnings (a checkpoint
+// saved without checksums) go to `log` when given.
 Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
-                      const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path);
+                      const std::vector<CheckpointShard>& shards, TrainState* state, std::string* path,
+                      std::ostream* log = nullptr);
+
+// The step directory `dir` names (itself, or what its `latest` names).
+Result<std::string> ResolveCheckpoint(const std::string& dir);
 
 }  // namespace strata

@@ -469,6 +469,7 @@ const Section<TrainerConfig>& TrainerSection() {
           Int("eval_batches", &C::eval_batches, 1, 1e6),
           OneOf("gpu_assisted_optimizer", &C::gpu_assisted_optimizer, {"auto", "on", "off"}),
           OneOf("schedule", &C::schedule, {"layer-major", "micro-batch-major"}),
+          OneOf("nvme_checksum", &C::nvme_checksum, {"crc32c", "xxh64", "none"}),
       },
       {}};
   return s;

@@ -156,6 +156,11 @@ struct TrainerConfig {
   // checkpoints; parameters stream once per micro-batch; each layer's fp32
   // gradient accumulator persists across the micro-batches). Same results.
   std::string schedule = "layer-major";
+  // The NVMe tier's checksum of every block it writes, verified on every
+  // read (tiers/nvme/nvme_tier.h): "crc32c" (the CPU's instruction, faster
+  // than the drive), "xxh64", or "none" (a swap file changed under the run
+  // then goes unnoticed).
+  std::string nvme_checksum = "crc32c";
   bool operator==(const TrainerConfig&) const = default;
 };
 

@@ -21,6 +21,7 @@
 #include "base/bytes.h"
 #include "engine/config.h"
 #include "engine/report.h"
+#include "engine/signals.h"
 #include "engine/train_log_plot.h"
 #include "engine/trainer.h"
 
@@ -47,6 +48,7 @@ int Usage(std::ostream& os, int code) {
 
 int Fail(const strata::Status& s) {
   std::cerr << "strata: " << s.ToString() << "\n";
+  if (s.code() == strata::StatusCode::kCancelled && strata::StopSignal()) return 128 + strata::StopSignal();
   return s.code() == strata::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
@@ -71,8 +73,9 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "save-every", po::value(&f->save_every)->value_name("N"), "steps between checkpoints")(
       "resume", po::value(&f->resume)->value_name("DIR"),
       "continue from a checkpoint (a step directory or a --save DIR)")(
-      "init-from", po::value(&f->init_from)->value_name("FILE"),
-      "start from Hugging Face GPT-2 weights (a model.safetensors, e.g. to fine-tune GPT-2)")(
+      "init-from", po::value(&f->init_from)->value_name("DIR|FILE"),
+      "start from Hugging Face GPT-2 weights: a model directory (its model.safetensors; its tokenizer files go into "
+      "every checkpoint) or a model.safetensors, e.g. to fine-tune GPT-2")(
       "gpu-memory-limit", po::value(&f->gpu_limit)->value_name("SIZE"),
       "GPU memory strata may use, e.g. 24GiB (default: what the card has free)")(
       "host-memory-limit", po::value(&f->host_limit)->value_name("SIZE"),
@@ -151,12 +154,14 @@ int Train(int argc, char** argv) {
         "process would train the whole model alone and write the same checkpoints; start it without the launcher"));
   auto o = TrainOptionsFrom(f);
   if (!o.ok()) return Fail(o.status());
+  o->argv.assign(argv - 1, argv + argc);  // the JSON log's record of the command line ("strata", "train", ...)
   if (f.dry_run) {
     auto plan = strata::Trainer::DryRun(*o);
     if (!plan.ok()) return Fail(plan.status());
     std::cout << *plan;
     return 0;
   }
+  strata::InstallStopSignalHandlers();  // engine/signals.h: a signal ends the step, saves, exits 128 + N
   auto t = strata::Trainer::Create(*o, std::cerr);
   if (!t.ok()) return Fail(t.status());
   strata::Status s = (*t)->Run(std::cout);

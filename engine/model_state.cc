@@ -1,5 +1,7 @@
 #include "engine/model_state.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cstring>
 #include <mutex>
@@ -142,7 +144,30 @@ Status ModelState::InitRandom(uint64_t seed) {
   return first;
 }
 
-Status ModelState::InitFromHf(const std::string& path, const std::string& prefix) {
+namespace {
+
+// The weights file of `path`: the path itself, or a model directory's
+// single model.safetensors (a directory as Hugging Face saves one).
+Result<std::string> HfWeightsFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("cannot read --init-from", path);
+  if (!S_ISDIR(st.st_mode)) return path;
+  const std::string file = path + "/model.safetensors";
+  if (::stat(file.c_str(), &st) == 0) return file;
+  if (::stat((path + "/model.safetensors.index.json").c_str(), &st) == 0)
+    return Unavailable("--init-from " + path + " holds a sharded checkpoint (model.safetensors.index.json), which is "
+                       "not read yet: give one model.safetensors");
+  for (const char* other : {"pytorch_model.bin", "tf_model.h5", "flax_model.msgpack"})
+    if (::stat((path + "/" + other).c_str(), &st) == 0)
+      return InvalidArgument("--init-from " + path + " has " + other + " but no model.safetensors: strata reads "
+                             "safetensors (save the model with safe_serialization=True)");
+  return NotFound("--init-from " + path + " is a directory without a model.safetensors");
+}
+
+}  // namespace
+
+Status ModelState::InitFromHf(const std::string& from, const std::string& prefix) {
+  ASSIGN_OR_RETURN(const std::string path, HfWeightsFile(from));
   ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
   const std::string& base = spec_.hf_base_prefix;
   for (size_t si = 0; si < shards_.size(); ++si) {

@@ -91,6 +91,8 @@ class ModelState {
   // Parameters from a safetensors file under the spec's Hugging Face names
   // (with or without the family's base prefix, after `prefix`), any float
   // dtype; m = v = 0. A position table may have more rows than the run uses.
+  // `path` is the file, or a model directory holding one model.safetensors
+  // (a sharded one is Unavailable, naming it).
   Status InitFromHf(const std::string& path, const std::string& prefix);
   // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
   // parameters become the master rounded to the compute dtype; the gradients zeros.

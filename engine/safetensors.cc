@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/half.h"
+#include "tiers/nvme/checksum.h"
 
 namespace strata {
 
@@ -270,10 +271,17 @@ Result<std::unique_ptr<SafetensorsWriter>> SafetensorsWriter::Begin(
   w->fd_ = ::open(w->tmp_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd_ < 0) return ErrnoStatus("cannot create", w->tmp_path_);
   uint64_t n = h.size();
-  RETURN_IF_ERROR(WriteAll(w->fd_, &n, 8, w->tmp_path_, 0));
-  RETURN_IF_ERROR(WriteAll(w->fd_, h.data(), h.size(), w->tmp_path_, 8));
+  RETURN_IF_ERROR(w->WriteCounted(&n, 8, 0));
+  RETURN_IF_ERROR(w->WriteCounted(h.data(), h.size(), 8));
+  w->header_bytes_ = 8 + h.size();
   w->expected_ = off;
   return w;
+}
+
+Status SafetensorsWriter::WriteCounted(const void* data, size_t bytes, uint64_t offset) {
+  RETURN_IF_ERROR(WriteAll(fd_, data, bytes, tmp_path_, offset));
+  crc_ = Crc32cExtend(crc_, data, bytes);
+  return Status::OK();
 }
 
 Status SafetensorsWriter::Append(const void* data, size_t bytes) {
@@ -281,7 +289,7 @@ Status SafetensorsWriter::Append(const void* data, size_t bytes) {
   if (written_ + bytes > expected_)
     return InvalidArgument("safetensors writer for " + path_ + ": " + std::to_string(written_ + bytes) +
                            " bytes appended but the declared tensors hold " + std::to_string(expected_));
-  RETURN_IF_ERROR(WriteAll(fd_, data, bytes, tmp_path_, written_));
+  RETURN_IF_ERROR(WriteCounted(data, bytes, header_bytes_ + written_));
   written_ += bytes;
   return Status::OK();
 }

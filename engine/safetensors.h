@@ -91,12 +91,19 @@ class SafetensorsWriter {
   // Checks that exactly the declared bytes arrived, fsyncs, renames into
   // place and fsyncs the directory.
   Status Commit();
+  // The crc32c (tiers/nvme/checksum.h) and the size of the whole file as
+  // written so far: the header and every byte appended (what a checkpoint's
+  // manifest records).
+  uint32_t crc32c() const { return crc_; }
+  uint64_t file_bytes() const { return header_bytes_ + written_; }
 
  private:
   SafetensorsWriter() = default;
+  Status WriteCounted(const void* data, size_t bytes, uint64_t offset);
   std::string path_, tmp_path_;
   int fd_ = -1;
-  uint64_t expected_ = 0, written_ = 0;
+  uint64_t expected_ = 0, written_ = 0, header_bytes_ = 0;
+  uint32_t crc_ = 0;
   bool committed_ = false;
 };
 

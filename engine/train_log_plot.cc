@@ -1,6 +1,7 @@
 #include "engine/train_log_plot.h"
 
 #include <fstream>
+#include <map>
 #include <iostream>
 
 #include <boost/program_options.hpp>
@@ -12,13 +13,31 @@ namespace po = boost::program_options;
 
 namespace strata {
 
-Result<std::vector<TrainLogPoint>> ReadTrainLog(const std::string& path) {
+namespace {
+
+// A number `key` of `j` into *out: InvalidArgument naming `where` and the key otherwise.
+Status NumberOf(const nlohmann::json& j, const char* key, const std::string& where, double* out) {
+  if (!j.contains(key) || !j[key].is_number()) return InvalidArgument(where + ": no number \"" + key + "\"");
+  *out = j[key].get<double>();
+  return Status::OK();
+}
+
+Status StepOf(const nlohmann::json& j, const std::string& where, int64_t* out) {
+  if (!j.contains("step") || !j["step"].is_number_integer()) return InvalidArgument(where + ": no integer \"step\"");
+  *out = j["step"].get<int64_t>();
+  return Status::OK();
+}
+
+}  // namespace
+
+Result<TrainLog> ReadTrainLog(const std::string& path) {
   std::ifstream f(path);
   if (!f) return ErrnoStatus("cannot open the training log", path);
-  std::vector<TrainLogPoint> out;
+  TrainLog out;
+  std::map<std::string, int> run_of;  // "run" id -> its index
+  int legacy_run = -1;                // the run of an older log's lines
   std::string line;
   int64_t n = 0;
-  int run = 0;
   while (std::getline(f, line)) {
     ++n;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
@@ -28,37 +47,60 @@ Result<std::vector<TrainLogPoint>> ReadTrainLog(const std::string& path) {
       return InvalidArgument(where + ": not a JSON object (strata plot reads the lines strata train --log-json "
                                      "writes)");
     TrainLogPoint p;
-    for (auto [key, value] : {std::pair<const char*, double*>{"loss", &p.loss}, {"tokens_per_s", &p.tokens_per_s}}) {
-      if (!j.contains(key) || !j[key].is_number()) return InvalidArgument(where + ": no number \"" + key + "\"");
-      *value = j[key].get<double>();
+    if (!j.contains("type")) {  // a log of strata before the records had types
+      RETURN_IF_ERROR(NumberOf(j, "loss", where, &p.loss));
+      RETURN_IF_ERROR(NumberOf(j, "tokens_per_s", where, &p.tokens_per_s));
+      RETURN_IF_ERROR(StepOf(j, where, &p.step));
+      if (legacy_run < 0 || (!out.steps.empty() && p.step <= out.steps.back().step)) legacy_run = out.runs++;
+      p.run = legacy_run;
+      out.steps.push_back(p);
+      continue;
     }
-    if (!j.contains("step") || !j["step"].is_number_integer())
-      return InvalidArgument(where + ": no integer \"step\"");
-    p.step = j["step"].get<int64_t>();
-    if (!out.empty() && p.step <= out.back().step) ++run;
-    p.run = run;
-    out.push_back(p);
+    const std::string type = j["type"].is_string() ? j["type"].get<std::string>() : "";
+    const std::string id = j.contains("run") && j["run"].is_string() ? j["run"].get<std::string>() : "";
+    auto run = [&]() {
+      auto it = run_of.find(id);
+      if (it == run_of.end()) it = run_of.emplace(id, out.runs++).first;
+      return it->second;
+    };
+    if (type == "run") {
+      run_of[id] = out.runs++;  // a run id seen again is a new run all the same
+    } else if (type == "step") {
+      RETURN_IF_ERROR(NumberOf(j, "loss", where, &p.loss));
+      RETURN_IF_ERROR(NumberOf(j, "tokens_per_s", where, &p.tokens_per_s));
+      RETURN_IF_ERROR(StepOf(j, where, &p.step));
+      p.run = run();
+      out.steps.push_back(p);
+    } else if (type == "val") {
+      RETURN_IF_ERROR(NumberOf(j, "val_loss", where, &p.loss));
+      RETURN_IF_ERROR(StepOf(j, where, &p.step));
+      p.run = run();
+      out.vals.push_back(p);
+    }
   }
   if (f.bad()) return ErrnoStatus("cannot read the training log", path);
-  if (out.empty()) return InvalidArgument(path + ": no logged step in it");
+  if (out.steps.empty()) return InvalidArgument(path + ": no logged step in it");
   return out;
 }
 
 Status PlotTrainLog(const std::string& log_path, const std::string& png_path) {
-  ASSIGN_OR_RETURN(std::vector<TrainLogPoint> points, ReadTrainLog(log_path));
-  const int runs = points.back().run + 1;
-  PlotPanel loss{"training loss", "step", "loss", false, {}, {}};
-  PlotPanel speed{"throughput (tokens/s over the steps since the previous logged one)", "step", "tokens/s", false,
-                  {}, {}};
-  for (int r = 0; r < runs; ++r) {
-    const std::string name = runs == 1 ? std::string("loss") : "run " + std::to_string(r + 1);
-    PlotSeries l{name, {}, {}, false}, s{runs == 1 ? std::string("tokens/s") : name, {}, {}, false};
-    for (const auto& p : points) {
+  ASSIGN_OR_RETURN(TrainLog log, ReadTrainLog(log_path));
+  PlotPanel loss{"training loss (validation loss dashed)", "step", "loss", false, {}, {}};
+  PlotPanel speed{"throughput (tokens/s of each step)", "step", "tokens/s", false, {}, {}};
+  for (int r = 0; r < log.runs; ++r) {
+    const std::string name = log.runs == 1 ? std::string("loss") : "run " + std::to_string(r + 1);
+    PlotSeries l{name, {}, {}, false}, s{log.runs == 1 ? std::string("tokens/s") : name, {}, {}, false};
+    PlotSeries v{log.runs == 1 ? std::string("val loss") : name + " val", {}, {}, true};
+    for (const auto& p : log.steps) {
       if (p.run != r) continue;
       l.x.push_back(static_cast<double>(p.step)), l.y.push_back(p.loss);
       s.x.push_back(static_cast<double>(p.step)), s.y.push_back(p.tokens_per_s);
     }
+    for (const auto& p : log.vals)
+      if (p.run == r) v.x.push_back(static_cast<double>(p.step)), v.y.push_back(p.loss);
+    if (l.x.empty()) continue;  // a run that stopped before its first step
     loss.series.push_back(std::move(l));
+    if (!v.x.empty()) loss.series.push_back(std::move(v));
     speed.series.push_back(std::move(s));
   }
   const std::string base = log_path.substr(log_path.rfind('/') + 1);

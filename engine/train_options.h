@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/config.h"
 
@@ -23,7 +24,8 @@ struct TrainOptions {
   uint64_t gpu_memory_limit = 0;       // 0: the card's free memory (stand-in: 4 GiB)
   uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
   std::string backend = "auto";        // auto | cpu | cuda
-  std::string log_json;                // JSON lines, one per logged step
+  std::string log_json;                // the JSON log (engine/run_log.h), appended to
+  std::vector<std::string> argv;       // the command line, for the JSON log's "run" record
   bool progress = false;               // a progress line on a terminal
   int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned

@@ -24,7 +24,9 @@
 #include "base/device.h"
 #include "engine/checkpoint.h"
 #include "engine/evaluation.h"
+#include "engine/hf_export.h"
 #include "engine/model_config.h"
+#include "engine/preflight.h"
 #include "engine/trainer_impl.h"
 
 namespace strata {
@@ -43,30 +45,31 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
 
 // The store the plan asks for: a GPU tier (the host stand-in without CUDA)
 // and a host tier within the budgets, an NVMe tier when state lives there.
-TierStoreOptions StoreOptions(const TrainOptions& o, const RunPlan& run, bool cuda) {
+TierStoreOptions StoreOptions(const TrainOptions& o, const RunPlan& run, const TierSizes& tiers, bool cuda) {
   const Config& cfg = o.config;
   TierStoreOptions so;
   so.gpu = true;
-  so.gpu_tier.budget_bytes = run.budgets.gpu;
+  so.gpu_tier.budget_bytes = tiers.gpu;
   // One slab: streamed blocks of a few hundred MiB would otherwise leave
   // unusable ends in each 512 MiB slab.
   so.gpu_tier.slab_bytes = 0;
   so.gpu_tier.stand_in = !cuda;
-  so.host_tier.budget_bytes = run.budgets.host;
-  so.host_tier.pin = cfg.zero.offload_optimizer.pin_memory && cfg.zero.offload_param.pin_memory;
+  so.host_tier.budget_bytes = tiers.host;
+  so.host_tier.slab_bytes = tiers.host_slab;
+  so.host_tier.pin = tiers.host_pin;
   so.copy.stand_in = !cuda;
   // The prefetcher hints each copy's next use: should the store ever have to
   // make room itself, it drops the copy needed farthest ahead.
   so.eviction = EvictionPolicy::kNextUse;
   if (run.plan.optimizer == TierKind::kNvme || run.plan.params == TierKind::kNvme) {
     NvmeOptions no;
-    no.dirs = {!cfg.zero.offload_optimizer.nvme_path.empty() ? cfg.zero.offload_optimizer.nvme_path
-                                                             : cfg.zero.offload_param.nvme_path};
+    no.dirs = {NvmeDirOf(cfg)};
     no.block_size = static_cast<uint32_t>(cfg.aio.block_size);
     no.queue_depth = static_cast<uint32_t>(cfg.aio.queue_depth);
     no.rings = cfg.aio.intra_op_parallelism;
     no.single_submit = cfg.aio.single_submit;
     no.overlap_events = cfg.aio.overlap_events;
+    no.checksum = ParseChecksumKind(cfg.trainer.nvme_checksum).value_or(ChecksumKind::kCrc32c);  // the config checked it
     no.env = o.nvme_env;
     so.nvme = no;
   }
@@ -107,7 +110,16 @@ Status Trainer::Impl::Setup() {
   // The GEMM baseline first: the budgets then see what the libraries hold.
   ASSIGN_OR_RETURN(peak, kernels::MeasureGemmPeak(*backend));
   ASSIGN_OR_RETURN(run, PlanRun(opt, *backend, spec));
-  ASSIGN_OR_RETURN(store, TierStore::Open(StoreOptions(opt, run, cuda())));
+  // What can be seen now is not left to fail after the run (engine/preflight.h).
+  tiers = TierSizesFor(opt, run, spec, cuda());
+  std::vector<std::string> warnings;
+  RETURN_IF_ERROR(PreflightChecks(opt, run, tiers, spec, cuda(), &warnings));
+  for (const std::string& w : warnings) *log << "warning: " << w << "\n";
+  if (!opt.save_dir.empty()) {
+    ASSIGN_OR_RETURN(SaveDirLock lock, SaveDirLock::Acquire(opt.save_dir, log));
+    save_lock.emplace(std::move(lock));
+  }
+  ASSIGN_OR_RETURN(store, TierStore::Open(StoreOptions(opt, run, tiers, cuda())));
   optim::CpuAdam::Options ao;
   ao.threads = opt.cpu_threads;
   ASSIGN_OR_RETURN(adam, optim::CpuAdam::Create(ao));
@@ -181,7 +193,8 @@ Status Trainer::Impl::InitState() {
   if (!opt.resume_dir.empty()) {
     TrainState ts;
     std::string path;
-    RETURN_IF_ERROR(LoadCheckpoint(opt.resume_dir, spec, state->CheckpointShards(), &ts, &path));
+    RETURN_IF_ERROR(LoadCheckpoint(opt.resume_dir, spec, state->CheckpointShards(), &ts, &path, log));
+    model_source = path;  // its config.json and tokenizer files go into the next checkpoints
     step = ts.step;
     data->set_position(ts.data_position);
     RETURN_IF_ERROR(scaler->Restore(ts.scaler));
@@ -191,6 +204,7 @@ Status Trainer::Impl::InitState() {
   }
   if (!opt.init_from.empty()) {
     RETURN_IF_ERROR(state->InitFromHf(opt.init_from, opt.init_prefix));
+    model_source = ModelSourceDir(opt.init_from);
     *log << "initialized from " << opt.init_from << "\n";
     return Status::OK();
   }
@@ -245,6 +259,7 @@ Trainer::~Trainer() = default;
 
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, std::ostream& log) {
   std::unique_ptr<Trainer> t(new Trainer());
+  t->impl_->owner = t.get();
   t->impl_->opt = options;
   t->impl_->log = &log;
   RETURN_IF_ERROR(t->impl_->Setup());
@@ -259,13 +274,19 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be, MakeBackend(options));
   RETURN_IF_ERROR(kernels::MeasureGemmPeak(*be).status());
   ASSIGN_OR_RETURN(RunPlan run, PlanRun(options, *be, spec));
+  const bool cuda = be->kind() == kernels::BackendKind::kCuda;
+  const TierSizes tiers = TierSizesFor(options, run, spec, cuda);
+  std::vector<std::string> warnings;
+  RETURN_IF_ERROR(PreflightChecks(options, run, tiers, spec, cuda, &warnings));
   std::ostringstream os;
+  for (const std::string& w : warnings) os << "warning: " << w << "\n";
   os << "model: " << spec.n_layer << " layers, d " << spec.d_model << ", " << spec.n_head << " heads, vocab "
      << spec.vocab_size << " (padded " << spec.padded_vocab << "), seq " << cfg.model.seq_len << "; "
      << spec.NumParameters() << " parameters, " << cfg.precision() << "\n";
   os << "batch: micro " << cfg.micro_batch << " x accumulation " << cfg.grad_accum << " = " << cfg.train_batch_size
      << " sequences per step\n";
   os << run.plan.Table(run.budgets.gpu, run.budgets.host);
+  os << tiers.what;
   os << "optimizer update: " << run.mode.why << "\n";
   return os.str();
 }
@@ -279,6 +300,7 @@ std::string Trainer::PlanTable() const {
   const ScheduledTraffic& t = I.prefetch.traffic;
   std::ostringstream os;
   os << p.Table(I.run.budgets.gpu, I.run.budgets.host);
+  os << I.tiers.what;
   os << "swap window: " << FormatBytes(t.swap_window)
      << " of GPU memory for streamed tensors (prefetched by the step's schedule)\n";
   os << "per step (scheduled): H2D " << FormatBytes(t.h2d) << ", D2H " << FormatBytes(t.d2h) << ", NVMe read "
@@ -365,7 +387,9 @@ Status Trainer::Save(const std::string& dir) {
     ts.data_position = I.data->position();
     ts.scaler = I.scaler->state();
     ts.precision = I.cfg().precision();
-    return SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, ConfigToJson(I.cfg()), &std::cerr);
+    CheckpointExtras extras{ConfigToJson(I.cfg()), I.model_source, I.log};
+    ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, extras));
+    return Status::OK();
   });
 }
 

@@ -115,10 +115,14 @@ struct TrainerInfo {
 class Trainer {
  public:
   // Builds the backend, plans the placement (fails before allocating when no
-  // plan fits), opens the store, creates and initializes (or resumes) the
-  // model. Messages go to `log`.
+  // plan fits), checks the places the run will write and the memory it will
+  // pin (engine/preflight.h), locks the --save directory (engine/save_dir.h),
+  // opens the store with tiers sized to the plan (engine/tier_sizes.h),
+  // creates and initializes (or resumes, after verifying the checkpoint)
+  // the model. Messages go to `log`.
   static Result<std::unique_ptr<Trainer>> Create(const TrainOptions& options, std::ostream& log);
-  // Only the plan (for --dry-run): no allocation.
+  // Only the plan (for --dry-run), and the same checks as Create: no
+  // allocation, nothing created.
   static Result<std::string> DryRun(const TrainOptions& options);
   ~Trainer();
   Trainer(const Trainer&) = delete;
@@ -138,10 +142,14 @@ class Trainer {
   Result<StepReport> StepWith(const int32_t* tokens, const int32_t* targets);
   // Mean validation loss over `batches` validation batches.
   Result<double> Evaluate(int batches);
-  // Writes a checkpoint of the current state into `dir` (atomically).
+  // Writes a checkpoint of the current state into `dir` (atomically; with
+  // every file's checksum and the Hugging Face files: engine/checkpoint.h).
   Status Save(const std::string& dir);
-  // The whole run: steps, logging every steps_per_print, evaluation,
-  // checkpoints. Returns the first error.
+  // The whole run: steps, logging every steps_per_print (and the JSON log,
+  // engine/run_log.h), evaluation, checkpoints. Returns the first error.
+  // When a signal asked to stop (engine/signals.h: the handlers are the
+  // program's to install) the step under way ends, a checkpoint is saved
+  // with --save, and Run returns Cancelled saying where.
   Status Run(std::ostream& out);
 
   int64_t step() const;

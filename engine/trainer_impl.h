@@ -17,10 +17,13 @@
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
 #include "engine/optimizer_pool.h"
+#include "engine/run_log.h"
+#include "engine/save_dir.h"
 #include "engine/shard_update.h"
 #include "engine/step_buffers.h"
 #include "engine/step_env.h"
 #include "engine/step_schedule.h"
+#include "engine/tier_sizes.h"
 #include "engine/trainer.h"
 #include "kernels/backend.h"
 #include "kernels/gemm_peak.h"
@@ -34,6 +37,9 @@ namespace strata {
 
 struct Trainer::Impl {
   TrainOptions opt;
+  // The --save directory, locked for the run (destroyed last: nothing else
+  // writes there once it goes).
+  std::optional<SaveDirLock> save_lock;
   std::ostream* log = &std::cerr;
   models::ModelSpec spec;
   DType dtype = DType::kF32;
@@ -42,6 +48,7 @@ struct Trainer::Impl {
   std::optional<models::ModelProgram> program;
   kernels::GemmPeak peak;
   RunPlan run;  // a value: the trainer does not edit it
+  TierSizes tiers;  // what the store's tiers take of the budgets (engine/tier_sizes.h)
   std::unique_ptr<TierStore> store;
   // Declared after the store, destroyed before it. The pool (its threads)
   // goes first, then what its workers use.
@@ -62,6 +69,10 @@ struct Trainer::Impl {
   std::vector<int32_t> tok_host, tgt_host;  // [A][B*T]
   std::vector<float> loss_host;
 
+  // The directory the model came with (engine/hf_export.h): --init-from's,
+  // or the checkpoint resumed from; "" for a fresh model.
+  std::string model_source;
+  std::string last_saved;      // the step directory the last Save wrote
   int64_t step = 0;            // optimizer steps taken
   int64_t prefetch_step0 = 0;  // steps taken when the prefetcher's cycle 0 began
   // The last step's clip coefficient was exactly 1 (its norm within
@@ -78,6 +89,10 @@ struct Trainer::Impl {
   bool cuda() const { return backend->kind() == kernels::BackendKind::kCuda; }
   void* stream() const { return backend->native_stream(); }
   const Config& cfg() const { return opt.config; }
+
+  // ---- the run (trainer_run.cc) ---------------------------------------------------
+  Status RunSteps(int64_t total, RunLog* log);
+  Trainer* owner = nullptr;  // the Trainer this is the Impl of (Run calls its Step, Evaluate, Save)
 
   // ---- setup (trainer.cc) ------------------------------------------------------
   Status Setup();

@@ -84,7 +84,7 @@ typedef struct strata_store_options {
   uint32_t nvme_queue_depth;     /* I/Os in flight per ring (aio.queue_depth) */
   int nvme_rings;                /* io_uring rings, one I/O thread each */
   int nvme_buffered_fallback;    /* 1: buffered I/O where O_DIRECT is refused (tmpfs) */
-  strata_checksum nvme_checksum; /* verify every read against checksums kept in memory */
+  strata_checksum nvme_checksum; /* verify every read against checksums kept in memory (default crc32c) */
   uint32_t nvme_checksum_block;
   /* moves */
   uint64_t staging_chunk_bytes;  /* multi-hop pieces, multiple of 4096 */

@@ -64,6 +64,11 @@ Status MlockError(int err, uint64_t bytes) {
 }
 }  // namespace
 
+Status CheckMlockLimit(uint64_t bytes) {
+  if (MemlockLimit() >= bytes || HasIpcLockCapability()) return Status::OK();
+  return MlockError(0, bytes);
+}
+
 // ---- huge pages ------------------------------------------------------------------
 
 namespace {
@@ -257,10 +262,7 @@ Result<std::unique_ptr<HostTier>> HostTier::Open(const HostTierOptions& options)
       case PinMethod::kMlock: pin = Pin::kMlock; break;
     }
   }
-  if (pin == Pin::kMlock && MemlockLimit() < budget && !HasIpcLockCapability()) {
-    // Fail now rather than at some later allocation.
-    return MlockError(0, budget);
-  }
+  if (pin == Pin::kMlock) RETURN_IF_ERROR(CheckMlockLimit(budget));  // now rather than at some later allocation
 
   // Where to place it.
   int node = -1;

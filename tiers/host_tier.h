@@ -162,6 +162,10 @@ Result<uint64_t> AnonHugePagesOfMapping(const void* p);
 
 // RLIMIT_MEMLOCK's soft limit in bytes (UINT64_MAX for unlimited).
 uint64_t MemlockLimit();
+// OK when mlock may pin `bytes` (RLIMIT_MEMLOCK allows it, or CAP_IPC_LOCK);
+// else the OutOfMemory HostTier::Open gives, naming the limit and how to
+// raise it (a run checks this before it starts: engine/preflight.h).
+Status CheckMlockLimit(uint64_t bytes);
 // True when the process may lock memory beyond RLIMIT_MEMLOCK (CAP_IPC_LOCK).
 bool HasIpcLockCapability();
 

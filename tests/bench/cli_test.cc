@@ -2,8 +2,12 @@
 // --dir is never created and is left empty, bad arguments are named, and
 // Ctrl-C stops cleanly with what was measured written.
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <fstream>
 
 #include <nlohmann/json.hpp>
 
@@ -90,6 +94,29 @@ TEST(BenchDir, IsNeverCreatedAndNamedWhenMissing) {
   }
 }
 
+// What a killed strata-bench (kill -9) left in --dir goes with the next run,
+// named; a directory whose owner lives, or that is not strata-bench's, stays.
+TEST(BenchDir, AKilledRunsDirectoryIsRemovedByTheNext) {
+  TempDir dir;
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  int st = 0;
+  ::waitpid(dead, &st, 0);
+  const std::string stale = dir.File("strata-bench.AAAAAA"), live = dir.File("strata-bench.BBBBBB"),
+                    foreign = dir.File("strata-bench.CCCCCC");
+  for (const std::string& d : {stale, live, foreign}) ::mkdir(d.c_str(), 0755);
+  std::ofstream(stale + "/.owner") << dead << "\n";
+  std::ofstream(stale + "/strata-nvme-" + std::to_string(dead) + "-0.swap") << std::string(4096, 'x');
+  std::ofstream(live + "/.owner") << 1 << "\n";  // PID 1 lives
+  auto r = RunCommand({BenchBinary(), "nvme", "--quick", "--dir", dir.path(), "--qd", "8", "--block", "1MiB"});
+  ASSERT_EQ(r.rc, 0) << r.output;
+  EXPECT_FALSE(Exists(stale));
+  EXPECT_NE(r.output.find("removed " + stale + ", left by process " + std::to_string(dead)), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(Exists(live));
+  EXPECT_TRUE(Exists(foreign));
+}
+
 TEST(BenchArgs, BadArgumentsAreNamed) {
   struct Case {
     std::vector<std::string> args;
@@ -107,6 +134,31 @@ TEST(BenchArgs, BadArgumentsAreNamed) {
       {{"nvme", "--size", "1MiB", "--tensor", "3MiB"}, "--tensor"},
       {{"nvme", "--rings", "x"}, "--rings"},
       {{"nvme", "--checksum", "md5"}, "--checksum 'md5'"},
+      // Each value is range-checked before anything runs (bench/args.h):
+      {{"nvme", "--tensor", "0"}, "--tensor 0 B: must be at least"},  // was SIGFPE (size % 0)
+      {{"nvme", "--block", "0"}, "--block 0 B"},
+      {{"nvme", "--reps", "0"}, "--reps 0"},  // was the default, silently
+      {{"adam", "--threads", "-1"}, "--threads: '-1'"},
+      {{"adam", "--threads", "100000"}, "--threads 100000: must be in [1, "},  // was capped by oneTBB
+      {{"adam", "--reps", "0"}, "--reps 0: must be in [3, "},                   // was raised to 3, silently
+      {{"adam", "--stagger", "-1"}, "--stagger: bad size '-1'"},                // was a segfault
+      {{"adam", "--tile", "100"}, "--tile 100: must be a multiple of 64"},
+      {{"adam", "--prefetch", "1M"}, "--prefetch 1.00 MiB: must be at most"},
+      {{"pcie", "--chunk", "0", "--stand-in"}, "--chunk 0 B: must be at least"},
+      {{"pcie", "--bytes", "0", "--stand-in"}, "--bytes 0 B"},
+      {{"pcie", "--device", "-1", "--stand-in"}, "--device -1"},
+      {{"pcie", "--sizes", "1TiB", "--stand-in"}, "--sizes 1.00 TiB: must be at most"},  // was std::bad_alloc
+      {{"store", "--block", "99999999999"}, "--block 93.1 GiB: must be at most 1.00 GiB"},  // was cut to 32 bits
+      {{"store", "--qd", "0"}, "--qd 0"},
+      {{"store", "--tensor-size", "0"}, "--tensor-size 0 B"},
+      {{"attention", "--peak-size", "0"}, "--peak-size 0"},
+      {{"attention", "--shape", "1,1,1,4096"}, "--shape D 4096"},
+      {{"train", "--resident", "--layers", "0"}, "--layers 0: must be in [1, "},  // was the default, silently
+      {{"train", "--resident", "--peak-size", "3"}, "--peak-size 3"},             // gave an MFU of 11684%
+      {{"train", "--resident", "--accum", "2"}, "--accum applies to --workload runs only"},
+      {{"train", "--workload", "gpt-1.3b-offload", "--optimizer-ratio", "2"}, "--optimizer-ratio 2: must be in [0, 1]"},
+      {{"train", "--resident", "--steps", "0"}, "--steps 0"},
+      {{"all", "--accum", "100000"}, "--accum 100000"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> argv = {BenchBinary()};
@@ -114,6 +166,7 @@ TEST(BenchArgs, BadArgumentsAreNamed) {
     auto r = RunCommand(argv);
     EXPECT_EQ(r.rc, 2) << c.args[0] << " " << c.args[1] << ": " << r.output;
     EXPECT_NE(r.output.find(c.named), std::string::npos) << "expected '" << c.named << "' in: " << r.output;
+    EXPECT_EQ(r.output.find("measured:"), std::string::npos) << "measured before refusing: " << r.output;
   }
 }
 
@@ -153,6 +206,20 @@ TEST(BenchStop, CtrlCWritesWhatWasMeasured) {
   for (const auto& n : j["notes"]) noted |= n.get<std::string>().find("stopped by Ctrl-C") != std::string::npos;
   EXPECT_TRUE(noted) << j["notes"].dump();
   EXPECT_TRUE(ListDir(dir.path()).empty()) << "files left in --dir after Ctrl-C";
+}
+
+// SIGHUP (the terminal closed) stops a sweep as Ctrl-C does: its files are
+// removed, what was measured is written.
+TEST(BenchStop, HangupRemovesTheFiles) {
+  TempDir dir, out;
+  const std::string json = out.File("nvme.json");
+  auto r = ::strata::testing::RunAndSignal({BenchBinary(), "nvme", "--dir", dir.path(), "--size", "64MiB", "--tensor",
+                                            "16MiB", "--block", "128KiB,256KiB,512KiB,1MiB", "--qd", "1,2,4",
+                                            "--reps", "3", "--json", json},
+                                           1.5, SIGHUP);
+  ASSERT_EQ(r.rc, 130) << r.output;
+  EXPECT_TRUE(Exists(json)) << r.output;
+  EXPECT_TRUE(ListDir(dir.path()).empty()) << "files left in --dir after SIGHUP";
 }
 
 TEST(BenchStop, AllWritesTheReportWhenStopped) {

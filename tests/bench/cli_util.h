@@ -86,6 +86,29 @@ inline CommandResult RunAndSignal(const std::vector<std::string>& argv, double d
   return cli_detail::Finish(pid, out);
 }
 
+// Runs argv; once its output shows `marker` (polled every 10 ms, for at
+// most `timeout_s`) sends each of `signals`, `gap_s` apart. Deterministic
+// where a delay is not: the signal lands after the step the marker names.
+inline CommandResult RunAndSignalWhen(const std::vector<std::string>& argv, const std::string& marker,
+                                      const std::vector<int>& signals, double gap_s = 0, double timeout_s = 120) {
+  std::string out;
+  const pid_t pid = cli_detail::Spawn(argv, &out);
+  if (pid < 0) return {-1, "cannot start " + argv[0]};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  bool seen = false;
+  while (!seen && std::chrono::steady_clock::now() < until) {
+    seen = ReadFile(out).find(marker) != std::string::npos;
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  for (size_t i = 0; i < signals.size(); ++i) {
+    if (i) std::this_thread::sleep_for(std::chrono::duration<double>(gap_s));
+    ::kill(pid, signals[i]);
+  }
+  CommandResult r = cli_detail::Finish(pid, out);
+  if (!seen) r.output = "(never showed '" + marker + "')\n" + r.output;
+  return r;
+}
+
 inline std::vector<std::string> ListDir(const std::string& dir) {
   std::vector<std::string> names;
   if (DIR* d = ::opendir(dir.c_str())) {

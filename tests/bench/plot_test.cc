@@ -69,12 +69,44 @@ TEST(ReadTrainLog, NamesTheLineAndTheKey) {
   EXPECT_THAT(ReadTrainLog(dir.File("missing.jsonl")), StatusIs(StatusCode::kIoError));
 }
 
+// The records strata train writes now: a "run" header starts each run
+// (a resumed one continues the step count and is a run of its own), "step"
+// records are the curve, "val" records its validation points, the others
+// are skipped.
+TEST(ReadTrainLog, RunHeadersStepAndValRecords) {
+  TempDir dir;
+  Write(dir.File("log.jsonl"),
+        "{\"type\": \"run\", \"run\": \"a\", \"first_step\": 0}\n"
+        "{\"type\": \"step\", \"run\": \"a\", \"step\": 1, \"loss\": 5.0, \"tokens_per_s\": 100}\n"
+        "{\"type\": \"log\", \"run\": \"a\", \"step\": 1, \"loss\": 5.0, \"interval_tokens_per_s\": 100}\n"
+        "{\"type\": \"step\", \"run\": \"a\", \"step\": 2, \"loss\": 4.5, \"tokens_per_s\": 110}\n"
+        "{\"type\": \"val\", \"run\": \"a\", \"step\": 2, \"val_loss\": 4.7}\n"
+        "{\"type\": \"summary\", \"run\": \"a\", \"status\": \"stopped\"}\n"
+        "{\"type\": \"run\", \"run\": \"b\", \"first_step\": 2}\n"
+        "{\"type\": \"step\", \"run\": \"b\", \"step\": 3, \"loss\": 4.2, \"tokens_per_s\": 120}\n"
+        "{\"type\": \"a later kind\", \"run\": \"b\"}\n");
+  ASSERT_OK_AND_ASSIGN(TrainLog log, ReadTrainLog(dir.File("log.jsonl")));
+  EXPECT_EQ(log.runs, 2);
+  ASSERT_EQ(log.steps.size(), 3u);
+  EXPECT_EQ(log.steps[1].run, 0);
+  EXPECT_EQ(log.steps[2].run, 1);
+  EXPECT_EQ(log.steps[2].step, 3);
+  ASSERT_EQ(log.vals.size(), 1u);
+  EXPECT_DOUBLE_EQ(log.vals[0].loss, 4.7);
+  Write(dir.File("bad.jsonl"), "{\"type\": \"val\", \"run\": \"a\", \"step\": 2}\n");
+  auto bad = ReadTrainLog(dir.File("bad.jsonl"));
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(bad.status().ToString().find("\"val_loss\""), std::string::npos) << bad.status().ToString();
+}
+
 TEST(ReadTrainLog, AStepCountStartingAgainIsTheNextRun) {
   TempDir dir;
   Write(dir.File("log.jsonl"),
         "{\"step\": 1, \"loss\": 5.0, \"tokens_per_s\": 100}\n\n{\"step\": 10, \"loss\": 4.0, \"tokens_per_s\": 120}\n"
         "{\"step\": 1, \"loss\": 5.1, \"tokens_per_s\": 99}\n");
-  ASSERT_OK_AND_ASSIGN(auto points, ReadTrainLog(dir.File("log.jsonl")));
+  ASSERT_OK_AND_ASSIGN(TrainLog read, ReadTrainLog(dir.File("log.jsonl")));
+  const std::vector<TrainLogPoint>& points = read.steps;
+  EXPECT_EQ(read.runs, 2);
   ASSERT_EQ(points.size(), 3u);
   EXPECT_EQ(points[0].run, 0);
   EXPECT_EQ(points[1].run, 0);
@@ -90,8 +122,9 @@ TEST(StrataPlot, DrawsWhatStrataTrainLogged) {
   auto train = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "train", "--backend", "cpu", "--steps", "3",
                                        "--log-json", log});
   ASSERT_EQ(train.rc, 0) << train.output;
-  ASSERT_OK_AND_ASSIGN(auto points, ReadTrainLog(log));
-  EXPECT_GE(points.size(), 2u);  // step 1 and the last are always logged
+  ASSERT_OK_AND_ASSIGN(TrainLog read, ReadTrainLog(log));
+  EXPECT_EQ(read.steps.size(), 3u);  // every step
+  EXPECT_EQ(read.vals.size(), 1u);   // the validation at the end
   auto plot = ::strata::testing::RunCommand({::strata::testing::StrataBinary(), "plot", log});
   EXPECT_TRUE(Exists(dir.File("run.gp")));
   if (!PlotToolAvailable()) {

@@ -327,6 +327,7 @@ Config EveryFieldSet() {
   c.trainer.eval_batches = 2;
   c.trainer.gpu_assisted_optimizer = "off";
   c.trainer.schedule = "micro-batch-major";
+  c.trainer.nvme_checksum = "xxh64";
   return c;
 }
 

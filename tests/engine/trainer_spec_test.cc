@@ -457,7 +457,7 @@ TEST(TrainerSpeculative, NonFiniteGradientLeavesTheStateUntouched) {
 }
 
 // Trainer::Run says per logged line how many steps speculated and how they
-// ended, and the JSON log has each logged step's outcome.
+// ended, and the JSON log has each step's outcome and each logged line's.
 TEST(TrainerSpeculative, TheLogCountsTheSteps) {
   Case k;
   TrainOptions o = Options(k, kNeverClips);
@@ -475,9 +475,14 @@ TEST(TrainerSpeculative, TheLogCountsTheSteps) {
   EXPECT_THAT(out.str(), HasSubstr("speculative 2/2 (2 committed, 0 missed)"));
   std::ifstream f(o.log_json);
   std::string line;
-  std::vector<std::string> outcomes;
-  while (std::getline(f, line)) outcomes.push_back(nlohmann::json::parse(line).at("speculation").get<std::string>());
-  EXPECT_EQ(outcomes, (std::vector<std::string>{"none", "committed", "committed"}));
+  std::vector<std::string> logged, steps;  // the printed lines' steps', and every step's
+  while (std::getline(f, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (j.at("type") == "log") logged.push_back(j.at("speculation").get<std::string>());
+    if (j.at("type") == "step") steps.push_back(j.at("speculation").get<std::string>());
+  }
+  EXPECT_EQ(logged, (std::vector<std::string>{"none", "committed", "committed"}));
+  EXPECT_EQ(steps, (std::vector<std::string>{"none", "committed", "committed", "committed"}));
 }
 
 }  // namespace

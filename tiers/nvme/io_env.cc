@@ -3,9 +3,12 @@
 // instance lives until the process exits.
 #include "tiers/nvme/io_env.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <signal.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -49,6 +52,27 @@ class PosixIoEnv final : public IoEnv {
   }
   int Fstat(int fd, struct stat* st) override { return Sys(::fstat(fd, st)); }
   int EventFd() override { return Sys(::eventfd(0, EFD_CLOEXEC)); }
+  int Flock(int fd, int op) override {
+    int r;
+    do {
+      r = ::flock(fd, op);
+    } while (r < 0 && errno == EINTR);
+    return Sys(r);
+  }
+  int ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return -errno;
+    names->clear();
+    errno = 0;
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names->push_back(n);
+    }
+    const int err = errno;
+    ::closedir(d);
+    return err ? -err : 0;
+  }
+  int ProbeProcess(pid_t pid) override { return Sys(::kill(pid, 0)); }
 
   int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     return io_uring_queue_init(entries, ring, flags);

@@ -1,8 +1,8 @@
 // IoEnv: the only way the NVMe tier touches the operating system.
 //
 // Every system call and io_uring operation of the NVMe tier (tiers/nvme/)
-// goes through an IoEnv: opening (with O_DIRECT), growing, syncing and removing the swap
-// files, setting up rings and registering files and buffers, submitting and
+// goes through an IoEnv: opening (with O_DIRECT), growing, syncing, locking and removing the swap
+// files, finding those a dead run left (listing a directory, probing a PID), setting up rings and registering files and buffers, submitting and
 // waiting, and two per-I/O hooks around each block-level transfer. IoEnv::
 // Default() is the real OS. Tests derive from IoEnvWrapper, which forwards
 // every call to another IoEnv, and override one method to inject a fault
@@ -31,6 +31,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 struct io_uring;
 struct io_uring_cqe;
@@ -76,6 +77,14 @@ class IoEnv {
   // eventfd(2) (blocking, close-on-exec): the descriptor or -errno. Each
   // ring's I/O thread waits on one so that new work can wake it.
   virtual int EventFd() = 0;
+  // flock(2) (LOCK_EX | LOCK_NB, ...): 0 or -errno (-EWOULDBLOCK: held by
+  // another open file description). A swap file's owner holds LOCK_EX on it.
+  virtual int Flock(int fd, int op) = 0;
+  // The names in directory `dir` ("." and ".." left out) into *names: 0 or -errno.
+  virtual int ListDir(const std::string& dir, std::vector<std::string>* names) = 0;
+  // kill(pid, 0): 0 when process `pid` exists, -ESRCH when it does not
+  // (-EPERM: it exists, another user's).
+  virtual int ProbeProcess(pid_t pid) = 0;
 
   // ---- io_uring (liburing) --------------------------------------------------------
   virtual int RingInit(unsigned entries, io_uring* ring, unsigned flags) = 0;
@@ -123,6 +132,11 @@ class IoEnvWrapper : public IoEnv {
   int Stat(const std::string& path, struct stat* st) override { return target_->Stat(path, st); }
   int Fstat(int fd, struct stat* st) override { return target_->Fstat(fd, st); }
   int EventFd() override { return target_->EventFd(); }
+  int Flock(int fd, int op) override { return target_->Flock(fd, op); }
+  int ListDir(const std::string& dir, std::vector<std::string>* names) override {
+    return target_->ListDir(dir, names);
+  }
+  int ProbeProcess(pid_t pid) override { return target_->ProbeProcess(pid); }
   int RingInit(unsigned entries, io_uring* ring, unsigned flags) override {
     return target_->RingInit(entries, ring, flags);
   }

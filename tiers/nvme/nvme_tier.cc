@@ -32,6 +32,7 @@
 #include "tiers/nvme/common.h"
 #include "tiers/nvme/extent_allocator.h"
 #include "tiers/nvme/io_env.h"
+#include "tiers/nvme/leftovers.h"
 #include "tiers/nvme/ring.h"
 #include "tiers/nvme/swap_file.h"
 #include "tiers/nvme/transfer.h"
@@ -120,6 +121,11 @@ struct NvmeTier::Impl final : nvme::RingHost {
     const uint64_t file_limit = capacity_ ? capacity_ : (UINT64_MAX & ~(kAlign - 1));
     std::vector<int> fds;
     for (const std::string& dir : opt.dirs) {
+      // What killed runs left here goes first (tiers/nvme/leftovers.h).
+      if (Result<std::vector<nvme::LeftoverSwapFile>> gone = nvme::ReclaimLeftoverSwapFiles(env, dir); gone.ok())
+        for (const nvme::LeftoverSwapFile& f : *gone)
+          Note("removed " + f.path + " (" + FormatBytes(f.bytes) + "), a swap file left by process " +
+               std::to_string(f.pid) + ", which has exited");
       ASSIGN_OR_RETURN(std::unique_ptr<nvme::SwapFile> f,
                        nvme::SwapFile::Create(env, dir, opt.buffered_fallback));
       if (!f->direct()) direct_ = false;

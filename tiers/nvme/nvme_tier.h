@@ -24,17 +24,22 @@
 //   runs of whole blocks, one per ring, so one large tensor uses them all.
 // - When O_DIRECT is refused (tmpfs) Open fails with Unavailable saying so,
 //   unless `buffered_fallback` is set; it never silently falls back.
-// - Optional checksums per `checksum_block` of each extent (crc32c or
-//   xxhash64) are kept in memory and verified on read: a corrupt or truncated
-//   file is a DataLoss error naming the file and offset, never wrong data.
+// - Checksums per `checksum_block` of each extent (crc32c by default, with
+//   the CPU's crc32 instruction: several GB/s per I/O thread, more than a
+//   drive reads; or xxhash64; kNone turns them off) are kept in memory and
+//   verified on read: a swap file overwritten in place, corrupt or truncated
+//   is a DataLoss error naming the file and offset, never wrong data.
 //   A write that covers a block only in part leaves it unverified until it is
 //   written whole again; a failed write makes reads of the blocks it touched
 //   DataLoss until they are rewritten.
 // - All OS access goes through an IoEnv (tiers/nvme/io_env.h): tests wrap it to
 //   inject EIO, ENOSPC, short transfers, O_DIRECT refusal, deleted files.
 //
-// The files are scratch space for this process: made at Open, removed at
-// destruction. Checkpoints are written elsewhere (engine/).
+// The files are scratch space for this process: made at Open, locked while
+// they live, removed at destruction. Open first removes the swap files a
+// killed run left in each directory (their lock free, their process gone:
+// tiers/nvme/leftovers.h) and says so on stderr. Checkpoints are written
+// elsewhere (engine/).
 //
 // Ownership: the tier owns its swap files, rings and I/O threads; the IoEnv
 // (NvmeOptions::env) is not owned and outlives the tier; transfer buffers and
@@ -71,7 +76,7 @@ struct NvmeOptions {
   bool single_submit = false;           // aio.single_submit: one io_uring_submit per I/O
   bool overlap_events = true;           // aio.overlap_events: submit new I/O while reaping
   bool buffered_fallback = false;       // allow buffered I/O where O_DIRECT is refused
-  ChecksumKind checksum = ChecksumKind::kNone;
+  ChecksumKind checksum = ChecksumKind::kCrc32c;  // kNone: reads are not verified
   uint32_t checksum_block = 1u << 20;   // checksum granularity within an extent
   IoEnv* env = nullptr;                 // not owned; nullptr = the real OS (IoEnv::Default())
 };

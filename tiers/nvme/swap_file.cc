@@ -3,6 +3,7 @@
 #include "tiers/nvme/swap_file.h"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -56,6 +57,10 @@ Status SwapFile::OpenNew(bool buffered_fallback) {
           "NVMe directory '" + dir_ + "' is not writable: cannot create a swap file in it", -fd,
           dir_);
     if (fd < 0) return IoError("cannot create NVMe swap file", -fd, path);
+    // Held for the file's life: a later run sees the file is in use
+    // (tiers/nvme/leftovers.h). Where locks are unsupported, only the PID tells.
+    if (const int lr = env_->Flock(fd, LOCK_EX | LOCK_NB); lr < 0)
+      Note("cannot lock " + path + " (" + strerror(-lr) + "): a later run tells it is in use by its PID only");
     fd_ = fd;
     path_ = std::move(path);
     return Status::OK();

@@ -1,7 +1,9 @@
 // SwapFile: one scratch file of the NVMe tier, in one directory.
 //
 // - Create makes a new file "strata-nvme-<pid>-<n>.swap" in the directory
-//   (O_EXCL: never someone else's), opened with O_DIRECT. Where the file
+//   (O_EXCL: never someone else's), opened with O_DIRECT, and holds
+//   flock(LOCK_EX) on it while it lives, so that a later run tells a live
+//   file from one a killed run left (tiers/nvme/leftovers.h). Where the file
 //   system refuses O_DIRECT (open returns EINVAL: tmpfs before Linux 6.6) it
 //   fails with Unavailable saying so, unless `buffered_fallback` allows a
 //   buffered descriptor (noted once); it never falls back silently.

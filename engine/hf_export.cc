@@ -1,0 +1,85 @@
+#include "engine/hf_export.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+#include <fstream>
+
+namespace strata {
+
+namespace {
+
+bool IsFile(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// `dir`/`name` as JSON; an empty object when `dir` is "" or has no such file.
+Result<nlohmann::json> ReadJsonIn(const std::string& dir, const std::string& name) {
+  if (dir.empty() || !IsFile(dir + "/" + name)) return nlohmann::json::object();
+  const std::string path = dir + "/" + name;
+  std::ifstream in(path);
+  if (!in) return ErrnoStatus("cannot open", path);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object()) return InvalidArgument(path + " is not a JSON object");
+  return j;
+}
+
+}  // namespace
+
+Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir) {
+  if (spec.family != "gpt2")
+    return Unavailable("no Hugging Face config.json for the model family '" + spec.family + "'");
+  ASSIGN_OR_RETURN(nlohmann::json c, ReadJsonIn(source_dir, "config.json"));
+  if (c.empty()) {
+    // GPT2Config's fields as strata trains the model: no dropout.
+    c = {{"activation_function", "gelu_new"}, {"attn_pdrop", 0.0},     {"embd_pdrop", 0.0},
+         {"resid_pdrop", 0.0},                {"initializer_range", 0.02}, {"n_inner", nullptr},
+         {"scale_attn_weights", true},        {"use_cache", true}};
+  }
+  c["architectures"] = {spec.hf_architecture};
+  c["model_type"] = "gpt2";
+  c["vocab_size"] = spec.vocab_size;
+  c["n_positions"] = spec.max_seq;
+  c["n_ctx"] = spec.max_seq;
+  c["n_embd"] = spec.d_model;
+  c["n_layer"] = spec.n_layer;
+  c["n_head"] = spec.n_head;
+  // The float's nearest short decimal (1e-05, not 9.999999747378752e-06).
+  c["layer_norm_epsilon"] = std::stod(std::to_string(spec.block.norm_eps * 1e6)) / 1e6;
+  c["tie_word_embeddings"] = spec.head.tied;
+  c["torch_dtype"] = "float32";  // the checkpoint's weights are the fp32 masters
+  // A token id the vocabulary no longer holds would break generation.
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() >= spec.vocab_size) c.erase(k);
+  return c;
+}
+
+Result<nlohmann::json> HfGenerationConfig(const nlohmann::json& config, const std::string& source_dir) {
+  ASSIGN_OR_RETURN(nlohmann::json g, ReadJsonIn(source_dir, "generation_config.json"));
+  if (!g.empty()) return g;
+  g = {{"_from_model_config", true}};
+  for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
+    if (config.contains(k) && !config[k].is_null()) g[k] = config[k];
+  return g;
+}
+
+std::vector<std::string> TokenizerFiles(const std::string& source_dir) {
+  std::vector<std::string> out;
+  if (source_dir.empty()) return out;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                           "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                           "chat_template.jinja"})
+    if (IsFile(source_dir + "/" + name)) out.push_back(name);
+  return out;
+}
+
+std::string ModelSourceDir(const std::string& init_from) {
+  if (init_from.empty()) return "";
+  struct stat st {};
+  if (::stat(init_from.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) return init_from;
+  const std::string parent = std::filesystem::path(init_from).parent_path().string();
+  return parent.empty() ? "." : parent;
+}
+
+}  // namespace strata

@@ -1,0 +1,127 @@
+"""A step directory of `strata train` as Hugging Face loads it.
+
+Fine-tunes (--init-from a model directory that has a tokenizer) and loads
+the step directory it saved with AutoConfig, GenerationConfig and
+AutoTokenizer, and, where torch is importable, AutoModelForCausalLM (its
+weights those of model.safetensors, a forward pass on the tokenizer's ids).
+
+Usage: hf_step_dir_test.py STRATA_BINARY. Exits 77 (CTest: skipped), saying
+why, when transformers is not importable.
+"""
+import inspect
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+try:
+    import transformers
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig, GPT2TokenizerFast
+except ImportError as e:  # pragma: no cover - the machine lacks it
+    print("skipped: transformers is not importable here (%s); pip install transformers to run this test" % e)
+    sys.exit(77)
+
+try:
+    import torch
+    from transformers import AutoModelForCausalLM
+except ImportError:
+    torch = None
+
+VOCAB = 257  # the 256 bytes and <|endoftext|>
+EOS = 256
+
+
+def bytes_to_unicode():
+    """GPT-2's byte <-> printable character table (byte-level BPE)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return dict(zip(bs, [chr(c) for c in cs]))
+
+
+def run(strata, *args):
+    r = subprocess.run([strata, "train", "--backend", "cpu", "--threads", "2"] + list(args),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if r.returncode != 0:
+        print(r.stdout)
+        raise SystemExit("strata train %s exited %d" % (" ".join(args), r.returncode))
+    return r.stdout
+
+
+def main():
+    strata = sys.argv[1]
+    work = tempfile.mkdtemp(prefix="strata-hf-")
+    try:
+        config = os.path.join(work, "config.json")
+        with open(config, "w") as f:
+            json.dump({"train_micro_batch_size_per_gpu": 4,
+                       "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": VOCAB, "seq_len": 32}}, f)
+        # A model directory as Hugging Face writes one: weights, config, tokenizer.
+        base = os.path.join(work, "base")
+        run(strata, "--config", config, "--steps", "1", "--save", base)
+        model_dir = os.path.join(work, "gpt2-bytes")
+        os.makedirs(model_dir)
+        shutil.copy(os.path.join(base, "step-000001", "model.safetensors"), model_dir)
+        with open(os.path.join(base, "step-000001", "config.json")) as f:
+            c = json.load(f)
+        c.update(bos_token_id=EOS, eos_token_id=EOS)
+        with open(os.path.join(model_dir, "config.json"), "w") as f:
+            json.dump(c, f)
+        enc = bytes_to_unicode()
+        vocab = {enc[b]: b for b in range(256)}
+        vocab["<|endoftext|>"] = EOS
+        with open(os.path.join(work, "vocab.json"), "w") as f:
+            json.dump(vocab, f)
+        with open(os.path.join(work, "merges.txt"), "w") as f:
+            f.write("#version: 0.2\n")
+        if "vocab_file" in inspect.signature(GPT2TokenizerFast.__init__).parameters:  # transformers 4
+            tok = GPT2TokenizerFast(vocab_file=os.path.join(work, "vocab.json"),
+                                    merges_file=os.path.join(work, "merges.txt"))
+        else:  # transformers 5: the vocabulary and merges themselves
+            tok = GPT2TokenizerFast(vocab=vocab, merges=[])
+        assert tok("ab")["input_ids"] == [97, 98], "the byte tokenizer does not tokenize"
+        tok.save_pretrained(model_dir)
+
+        tuned = os.path.join(work, "tuned")
+        run(strata, "--config", config, "--init-from", model_dir, "--steps", "2", "--save", tuned)
+        step = os.path.join(tuned, "step-000002")
+
+        cfg = AutoConfig.from_pretrained(step)
+        assert cfg.model_type == "gpt2", cfg
+        assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size, cfg.n_positions) == (2, 64, 4, VOCAB, 32), cfg
+        assert cfg.eos_token_id == EOS, cfg
+        gen = GenerationConfig.from_pretrained(step)
+        assert gen.eos_token_id == EOS, gen
+        t = AutoTokenizer.from_pretrained(step)
+        text = "In the beginning God created"
+        ids = t(text)["input_ids"]
+        assert ids == list(text.encode()), ids
+        assert t.eos_token_id == EOS, t.eos_token_id
+        print("transformers %s: config, generation config and tokenizer of %s load" % (transformers.__version__, step))
+
+        if torch is None:
+            print("AutoModelForCausalLM not tried: torch is not importable here")
+            return
+        model = AutoModelForCausalLM.from_pretrained(step)
+        from safetensors.numpy import load_file
+        wte = load_file(os.path.join(step, "model.safetensors"))["transformer.wte.weight"]
+        assert (model.transformer.wte.weight.detach().numpy() == wte).all(), "the weights differ from the file's"
+        x = torch.tensor([ids])
+        loss = model(x, labels=x).loss.item()
+        assert loss == loss and 0 < loss < 10, loss
+        out = model.generate(x, max_new_tokens=4, do_sample=False)
+        assert out.shape == (1, len(ids) + 4), out.shape
+        print("AutoModelForCausalLM: loss %.4f on %r, generated %d tokens" % (loss, text, 4))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
