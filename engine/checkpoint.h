@@ -52,6 +52,17 @@ Status SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
                       const std::vector<CheckpointShard>& shards, const TrainState& state,
                       const nlohmann::json& config, std::ostream* log);
 
+// What a checkpoint's manifest says, for the checks before a resume: the
+// step directory `dir` resolves to (as LoadCheckpoint resolves it), its step,
+// and the effective config it recorded (ConfigToJson's; null in a manifest
+// without one).
+struct CheckpointManifest {
+  std::string path;
+  int64_t step = 0;
+  nlohmann::json config;
+};
+Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
+
 // Reads the checkpoint at `dir` (a step directory, or a save directory whose
 // `latest` names one) into the shards and `state`. A model whose shape
 // differs, a missing or truncated file, a tensor of the wrong shape or dtype:
