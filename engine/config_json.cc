@@ -195,7 +195,7 @@ class ConfigSax {
         p += PrintableText(k, 40);
       }
     }
-    return p.empty() ? "(top level)" : p;
+    return p.empty() ? "(top level)" : PrintableText(p, 200);
   }
 
   // The offset of the opening quote of the key string that ends at `end`.
@@ -222,10 +222,21 @@ class ConfigSax {
 }  // namespace
 
 std::string JoinConfigErrors(const std::vector<std::string>& errors) {
+  constexpr size_t kShown = 20;  // a file of 100,000 unknown keys gets a readable message
   std::string msg = errors.empty() ? std::string() : errors.front();
-  for (size_t i = 1; i < errors.size(); ++i) msg += "\n  " + errors[i];
+  for (size_t i = 1; i < errors.size() && i < kShown; ++i) msg += "\n  " + errors[i];
+  if (errors.size() > kShown) msg += "\n  ... and " + std::to_string(errors.size() - kShown) + " more";
   if (errors.size() > 1) msg += "\n(" + std::to_string(errors.size()) + " errors)";
   return msg;
+}
+
+bool IsUtf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const size_t n = Utf8Length(s, i);
+    if (n == 0) return false;
+    i += n;
+  }
+  return true;
 }
 
 std::string PrintableText(std::string_view s, size_t max) {
@@ -284,6 +295,9 @@ Result<std::string> ReadConfigText(const std::string& path, size_t max_bytes) {
 }
 
 Result<json> ParseConfigJson(std::string_view text, const std::string& source, int max_depth) {
+  if (text.size() >= 2 && ((text[0] == '\xFF' && text[1] == '\xFE') || (text[0] == '\xFE' && text[1] == '\xFF')))
+    return InvalidArgument(source + ":1:1: the file is UTF-16 (it starts with a UTF-16 byte-order mark); JSON configs "
+                           "are UTF-8: save it as UTF-8");
   size_t read = 0;
   ConfigSax sax(text, source, max_depth, &read);
   const CountingIterator first(text.data(), text.data(), &read), last(text.data() + text.size(), text.data(), &read);

@@ -47,8 +47,12 @@ Result<nlohmann::json> ParseConfigJson(std::string_view text, const std::string&
                                        int max_depth = kMaxConfigDepth);
 
 // One message of several errors: the first as it is, each further one on a
-// line of its own, then the count ("(3 errors)"). One error is its own text.
+// line of its own (the first 20), then the count ("(3 errors)"). One error
+// is its own text.
 std::string JoinConfigErrors(const std::vector<std::string>& errors);
+
+// True when `s` is valid UTF-8 (what a JSON string must be).
+bool IsUtf8(std::string_view s);
 
 // `s` for a message: at most `max` bytes (then "..."), control bytes and
 // bytes that are not UTF-8 written as \xNN.

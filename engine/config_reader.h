@@ -308,7 +308,7 @@ class Obj {
     for (const auto& c : known_) consider(c);
     for (const auto& i : ignored) consider(i.key);
     std::string msg = "unknown key (neither DeepSpeed nor strata knows it)";
-    if (!best.empty() && best_d <= std::max<size_t>(3, k.size() / 3))
+    if (!best.empty() && best_d <= std::max<size_t>(3, k.size() / 3) && best_d < k.size())
       msg += "; did you mean \"" + best + "\"?";
     else if (!best.empty())
       msg += "; the nearest known key here is \"" + best + "\"";
