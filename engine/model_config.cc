@@ -86,14 +86,14 @@ Result<WeightsModel> ModelFromHfWeights(const std::string& path) {
   w.model.vocab_size = static_cast<int>(wte->shape[0]);
   w.model.seq_len = static_cast<int>(wpe->shape[0]);
   w.model.n_head = HeadsFromConfigJson(path, &w.n_head_from);
-  if (w.model.n_head == 0) {
-    if (w.model.n_embd % 64)
-      return InvalidArgument(path + ": width " + std::to_string(w.model.n_embd) +
-                             " is not a multiple of GPT-2's head width 64 and no config.json beside it gives n_head; "
-                             "give the model section");
-    w.model.n_head = w.model.n_embd / 64;
-    w.n_head_from = "GPT-2's head width of 64 (no config.json with n_head beside the weights)";
-  }
+  // The heads change no tensor's shape: guessing them would train another
+  // model without a word.
+  if (w.model.n_head == 0)
+    return InvalidArgument(path + ": the weights do not say their number of heads and no config.json beside them "
+                           "does (n_head); put the model's config.json there, or give the model section");
+  if (w.model.n_embd % w.model.n_head)
+    return InvalidArgument(w.n_head_from + ": n_head " + std::to_string(w.model.n_head) + " does not divide the "
+                           "weights' width " + std::to_string(w.model.n_embd));
   w.dtype = wte->dtype == DType::kBF16 ? "bf16" : wte->dtype == DType::kF16 ? "fp16" : "fp32";
   return w;
 }

@@ -21,9 +21,10 @@ Result<models::ModelSpec> ModelSpecFor(const Config& c);
 // config without a "model" section and --init-from): the layers, width,
 // vocabulary and positions from the tensors' shapes (wte, wpe, h.<l>.*, with
 // or without the "transformer." prefix), the heads from the config.json
-// beside the file ("n_head"), else GPT-2's head width of 64; and the weights'
-// dtype ("bf16", "fp16", "fp32"). `n_head_from` says where the heads came
-// from. Errors name the file and the tensor.
+// beside the file ("n_head" or "num_attention_heads": without it an error,
+// as the heads change no shape and a guess would train another model), and
+// the weights' dtype ("bf16", "fp16", "fp32"). `n_head_from` says where the
+// heads came from. Errors name the file and the tensor.
 struct WeightsModel {
   ModelConfig model;
   std::string dtype;

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "engine/safetensors.h"
 #include "tests/engine/strata_cli.h"
 #include "tests/test_util.h"
 
@@ -109,6 +110,19 @@ TEST(Cli, AConfigWithoutAModelIsAnErrorTheDemoStays) {
   StrataRun demo = RunStrata({"train", "--dry-run", "--backend", "cpu"});
   ASSERT_EQ(demo.rc, 0) << demo.output;
   EXPECT_THAT(demo.output, AllOf(HasSubstr("4 layers, d 128"), HasSubstr("micro 8 x accumulation 1")));
+  // With --init-from the weights are the model (their shape, the heads from
+  // their config.json).
+  const std::string weights = dir.File("model.safetensors");
+  std::vector<uint16_t> zeros(256 * 64, 0);
+  ASSERT_OK(WriteSafetensors(weights, {{"wte.weight", DType::kBF16, Shape({256, 64}), zeros.data()},
+                                       {"wpe.weight", DType::kBF16, Shape({16, 64}), zeros.data()},
+                                       {"h.0.ln_1.weight", DType::kBF16, Shape({64}), zeros.data()},
+                                       {"h.1.ln_1.weight", DType::kBF16, Shape({64}), zeros.data()}}));
+  std::ofstream(dir.File("config.json")) << R"({"n_head": 4})";
+  StrataRun from = RunStrata(
+      {"train", "--config", dir.File("c.json"), "--init-from", weights, "--dry-run", "--backend", "cpu"});
+  ASSERT_EQ(from.rc, 0) << from.output;
+  EXPECT_THAT(from.output, HasSubstr("2 layers, d 64, 4 heads, vocab 256"));
 }
 
 // Stage 0/1/2 on one rank: the plan's header says what the stage means.

@@ -13,6 +13,8 @@
 
 #include "engine/config.h"
 #include "engine/config_json.h"
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -164,6 +166,33 @@ TEST(ConfigFile, AConfigWithoutAModelSaysHowToGiveOne) {
   s.model = m;
   ASSERT_OK_AND_ASSIGN(Config c, ParseConfig(j, "ds.json", s, nullptr));
   EXPECT_TRUE(c.model == m);
+}
+
+// The model of --init-from weights: the shape from the tensors, the heads
+// from the config.json beside them (without one, an error: a guess would
+// train another model), the dtype for "auto" precision.
+TEST(ConfigFile, TheModelOfHfWeights) {
+  TempDir dir;
+  const std::string weights = dir.File("model.safetensors");
+  // The names and shapes of HF GPT-2 (2 blocks, d 64, 40 positions, vocab
+  // 256) in bf16; the values do not matter here.
+  std::vector<uint16_t> zeros(256 * 64, 0);
+  ASSERT_OK(WriteSafetensors(weights, {{"wte.weight", DType::kBF16, Shape({256, 64}), zeros.data()},
+                                       {"wpe.weight", DType::kBF16, Shape({40, 64}), zeros.data()},
+                                       {"h.0.ln_1.weight", DType::kBF16, Shape({64}), zeros.data()},
+                                       {"h.1.ln_1.weight", DType::kBF16, Shape({64}), zeros.data()}}));
+  auto none = ModelFromHfWeights(weights);
+  ASSERT_THAT(none, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(none.status().ToString(), HasSubstr("no config.json beside them"));
+  std::ofstream(dir.File("config.json")) << R"({"model_type": "gpt2", "n_head": 4, "n_embd": 64})";
+  ASSERT_OK_AND_ASSIGN(WeightsModel w, ModelFromHfWeights(weights));
+  EXPECT_EQ(w.model.n_layer, 2);
+  EXPECT_EQ(w.model.n_embd, 64);
+  EXPECT_EQ(w.model.n_head, 4);
+  EXPECT_EQ(w.model.vocab_size, 256);
+  EXPECT_EQ(w.model.seq_len, 40);
+  EXPECT_THAT(w.n_head_from, HasSubstr("config.json (n_head)"));
+  EXPECT_EQ(w.dtype, "bf16");
 }
 
 // data.path and the other paths in a file are relative to its folder.
