@@ -639,7 +639,11 @@ Result<Config> ParseConfig(const json& j, const std::string& source, const Confi
     return InvalidArgument(source + ": nested deeper than " + std::to_string(kMaxConfigDepth) + " levels");
   Ctx ctx{source, warnings, {}, {}};
   json resolved = j;
-  ResolveAuto(&resolved, sources, &ctx);
+  try {
+    ResolveAuto(&resolved, sources, &ctx);
+  } catch (const std::exception& e) {  // a library exception at the boundary is a config error
+    ctx.errors.push_back(source + ": cannot resolve \"auto\" values: " + PrintableText(e.what(), 120));
+  }
   Config c;  // every key left out keeps its default
   c.source = source;
   c.world_size = sources.world_size;

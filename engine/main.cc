@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -207,8 +208,11 @@ strata::Status CheckTrainFlags(const TrainFlags& f) {
                                    ": must be at least 1 (leave it out to save only at the end)");
   if (f.Given("save-every") && !f.Given("save"))
     return strata::InvalidArgument("--save-every needs --save DIR (where the checkpoints go)");
-  if (f.Given("threads") && f.threads < 0)
-    return strata::InvalidArgument("--threads " + std::to_string(f.threads) + ": must be 0 (all) or more");
+  if (f.Given("threads") && (f.threads < 0 || f.threads > 4096))
+    return strata::InvalidArgument("--threads " + std::to_string(f.threads) + ": must be from 0 (all) to 4096");
+  if (f.threads > 0 && static_cast<unsigned>(f.threads) > std::thread::hardware_concurrency())
+    std::cerr << "warning: --threads " << f.threads << " is more than the " << std::thread::hardware_concurrency()
+              << " CPUs here: the threads will share them\n";
   if (f.backend != "auto" && f.backend != "cpu" && f.backend != "cuda")
     return strata::InvalidArgument("--backend \"" + f.backend + "\" is not allowed (allowed: auto, cpu, cuda)");
   if (f.Given("resume") && f.Given("init-from"))

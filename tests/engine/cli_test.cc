@@ -60,6 +60,7 @@ TEST(Cli, InvalidValuesAreErrors) {
   ExpectUsageError(RunStrata({"train", "--save", dir.File("ck"), "--save-every", "0"}), "--save-every 0");
   ExpectUsageError(RunStrata({"train", "--save-every", "5"}), "--save-every needs --save");
   ExpectUsageError(RunStrata({"train", "--threads", "-1"}), "--threads -1");
+  ExpectUsageError(RunStrata({"train", "--threads", "100000"}), "--threads 100000: must be from 0 (all) to 4096");
   ExpectUsageError(RunStrata({"train", "--backend", "gpu"}), "--backend \"gpu\" is not allowed");
   ExpectUsageError(RunStrata({"train", "--config", ""}), "--config was given an empty path");
   ExpectUsageError(RunStrata({"train", "--steps", "many"}), "the argument ('many') for option '--steps' is invalid");
