@@ -611,21 +611,6 @@ const Section<Config>& ConfigSection() {
   return s;
 }
 
-
-// True when `j` nests deeper than `max` (walked without recursion: a value
-// built in code may be of any depth).
-bool DeeperThan(const json& j, int max) {
-  std::vector<std::pair<const json*, int>> todo = {{&j, 0}};
-  while (!todo.empty()) {
-    auto [v, d] = todo.back();
-    todo.pop_back();
-    if (!v->is_structured()) continue;
-    if (d >= max) return true;
-    for (const json& e : *v) todo.push_back({&e, d + 1});
-  }
-  return false;
-}
-
 }  // namespace
 
 Result<Config> ParseConfig(const json& j, const std::string& source, const ConfigSources& sources,
@@ -635,7 +620,7 @@ Result<Config> ParseConfig(const json& j, const std::string& source, const Confi
   if (!j.is_object()) return InvalidArgument(source + ": the config is not a JSON object (it is " + Show(j) + ")");
   if (sources.world_size < 1)
     return InvalidArgument("world size " + std::to_string(sources.world_size) + " is not positive");
-  if (DeeperThan(j, kMaxConfigDepth))
+  if (JsonDeeperThan(j, kMaxConfigDepth))
     return InvalidArgument(source + ": nested deeper than " + std::to_string(kMaxConfigDepth) + " levels");
   Ctx ctx{source, warnings, {}, {}};
   json resolved = j;
@@ -669,21 +654,6 @@ Result<Config> ParseConfig(const json& j, const std::string& source, int world_s
   ConfigSources s;
   s.world_size = world_size;
   return ParseConfig(j, source, s, warnings);
-}
-
-Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& getenv) {
-  for (const char* var : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    const char* v = getenv(var);
-    if (!v || !*v) continue;
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(v, &end, 10);
-    if (errno != 0 || *end != '\0' || n < 1 || n > (1 << 20))
-      return InvalidArgument(std::string("environment variable ") + var + "=\"" + v +
-                             "\" (set by a launcher) is not a positive integer world size");
-    return static_cast<int>(n);
-  }
-  return 1;
 }
 
 namespace {

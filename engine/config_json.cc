@@ -230,6 +230,18 @@ std::string JoinConfigErrors(const std::vector<std::string>& errors) {
   return msg;
 }
 
+bool JsonDeeperThan(const json& j, int max) {
+  std::vector<std::pair<const json*, int>> todo = {{&j, 0}};
+  while (!todo.empty()) {
+    auto [v, d] = todo.back();
+    todo.pop_back();
+    if (!v->is_structured()) continue;
+    if (d >= max) return true;
+    for (const json& e : *v) todo.push_back({&e, d + 1});
+  }
+  return false;
+}
+
 bool IsUtf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     const size_t n = Utf8Length(s, i);

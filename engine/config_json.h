@@ -51,6 +51,10 @@ Result<nlohmann::json> ParseConfigJson(std::string_view text, const std::string&
 // is its own text.
 std::string JoinConfigErrors(const std::vector<std::string>& errors);
 
+// True when `j` nests deeper than `max` levels (walked without recursion: a
+// value built in code may be of any depth).
+bool JsonDeeperThan(const nlohmann::json& j, int max);
+
 // True when `s` is valid UTF-8 (what a JSON string must be).
 bool IsUtf8(std::string_view s);
 
