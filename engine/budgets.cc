@@ -104,4 +104,22 @@ Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, 
   return r;
 }
 
+std::string ZeroStageNote(const Config& cfg) {
+  const int stage = cfg.zero.stage;
+  static const char* const kMeans[] = {
+      "no partitioning",
+      "the optimizer state partitioned",
+      "the optimizer state and gradients partitioned",
+      "the optimizer state, gradients and parameters partitioned",
+  };
+  const std::string means = stage >= 0 && stage <= 3 ? kMeans[stage] : "?";
+  return "zero_optimization.stage " + std::to_string(stage) + " (" + means + ") on " +
+         std::to_string(cfg.world_size) + " rank" + (cfg.world_size == 1 ? "" : "s") +
+         (cfg.world_size == 1
+              ? ": with one rank there is nothing to partition across, so every stage places alike: the planner puts "
+                "parameters, gradients, optimizer state and checkpoints where the GPU and host budgets allow "
+                "(offload_* devices where given)"
+              : "");
+}
+
 }  // namespace strata

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "base/dtype.h"
 #include "base/status.h"
@@ -54,5 +55,12 @@ struct RunPlan {
 };
 
 Result<RunPlan> PlanRun(const TrainOptions& options, const kernels::Backend& backend, const models::ModelSpec& spec);
+
+// What `zero_optimization.stage` means for this run's plan, for the plan's
+// header line: on one rank every stage places alike (stages 1-3 partition
+// over one rank, stage 0 does not partition; the planner places each tensor
+// by the budgets), which a config written for many GPUs should be told
+// rather than see its stage silently planned as another.
+std::string ZeroStageNote(const Config& cfg);
 
 }  // namespace strata

@@ -364,4 +364,18 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   return Status::OK();
 }
 
+Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {
+  CheckpointManifest m;
+  ASSIGN_OR_RETURN(m.path, ResolveCheckpoint(dir));
+  const std::string mpath = m.path + "/manifest.json";
+  std::ifstream in(mpath);
+  if (!in) return ErrnoStatus("cannot open", mpath);
+  nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || !j.is_object() || !j.contains("step") || !j["step"].is_number_integer())
+    return DataLoss("manifest is not valid JSON with a step", mpath);
+  m.step = j["step"].get<int64_t>();
+  m.config = j.value("config", nlohmann::json());
+  return m;
+}
+
 }  // namespace strata

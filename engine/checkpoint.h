@@ -77,6 +77,17 @@ Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSp
                                    const std::vector<CheckpointShard>& shards, const TrainState& state,
                                    const CheckpointExtras& extras);
 
+// What a checkpoint's manifest says, for the checks before a resume: the
+// step directory `dir` resolves to (as LoadCheckpoint resolves it), its step,
+// and the effective config it recorded (ConfigToJson's; null in a manifest
+// without one).
+struct CheckpointManifest {
+  std::string path;
+  int64_t step = 0;
+  nlohmann::json config;
+};
+Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir);
+
 // Reads the checkpoint at `dir` (a step directory, or a save directory whose
 // `latest` names one) into the shards and `state`; `path` gets the step
 // directory. First every file is verified against the manifest (DataLoss

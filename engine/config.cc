@@ -15,7 +15,9 @@
 #include <utility>
 #include <variant>
 
+#include "engine/config_auto.h"
 #include "engine/config_fields.h"
+#include "engine/config_json.h"
 #include "engine/config_reader.h"
 
 namespace strata {
@@ -68,11 +70,12 @@ const Section<Config>& Bf16Section() {
 
 // After "bf16": the fp16/bf16 conflict, and DeepSpeed's alias "bfloat16".
 Status ReadBfloat16(Obj& o, Config* c, Ctx* ctx) {
-  if (c->bf16 && c->fp16.enabled)
-    return InvalidArgument(ctx->source + ": bf16.enabled and fp16.enabled are both true; choose one");
+  if (c->bf16 && c->fp16.enabled) return o.Fail("bf16.enabled and fp16.enabled are both true; choose one");
   if (!o.Has("bfloat16")) return Status::OK();
-  if (o.Has("bf16"))
-    return InvalidArgument(ctx->source + ": both \"bf16\" and its alias \"bfloat16\" are given; keep one");
+  if (o.Has("bf16")) {
+    (void)o.Take("bfloat16");
+    return o.Fail("both \"bf16\" and its alias \"bfloat16\" are given; keep one");
+  }
   ASSIGN_OR_RETURN(Obj b, o.Child("bfloat16"));
   RETURN_IF_ERROR(b.Bool("enabled", &c->bf16));
   return b.Finish({});
@@ -89,10 +92,11 @@ Status ReadBetas(Obj& p, OptimizerConfig* c, Ctx*) {
   if (!b) return Status::OK();
   if (!b->is_array() || b->size() != 2 || !(*b)[0].is_number() || !(*b)[1].is_number())
     return p.Error("betas", Show(*b) + " is not allowed (allowed: [beta1, beta2], each in [0, 1))");
-  c->beta1 = (*b)[0].get<double>();
-  c->beta2 = (*b)[1].get<double>();
-  if (c->beta1 < 0 || c->beta1 >= 1 || c->beta2 < 0 || c->beta2 >= 1)
+  const double b1 = (*b)[0].get<double>(), b2 = (*b)[1].get<double>();
+  if (!(b1 >= 0 && b1 < 1 && b2 >= 0 && b2 < 1))  // (NaN fails too)
     return p.Error("betas", Show(*b) + " is out of range (each beta in [0, 1))");
+  c->beta1 = b1;
+  c->beta2 = b2;
   return Status::OK();
 }
 
@@ -190,6 +194,7 @@ Status ReadScheduler(Obj& top, Config* config, Ctx*) {
       case optim::LrParamKind::kNumber:
       case optim::LrParamKind::kSteps:
         if (!v->is_number()) return p.Error(name, Show(*v) + " is not a number");
+        if (!std::isfinite(v->get<double>())) return p.Error(name, Show(*v) + " is not a finite number");
         break;
     }
     c->params[name] = ToLrParam(*v);
@@ -197,7 +202,7 @@ Status ReadScheduler(Obj& top, Config* config, Ctx*) {
   for (const optim::LrParamSpec& param : spec->params)
     if (param.need == optim::LrParamNeed::kRequired && !c->params.count(param.name))
       return p.Error(std::string(param.name), "required for scheduler " + c->type);
-  RETURN_IF_ERROR(p.Finish({}));
+  (void)p.Finish({});
   return o.Finish({});
 }
 
@@ -262,16 +267,15 @@ const Section<OffloadConfig>& OffloadOptimizerSection() {
 // The legacy offload switches, then the ratio's rule (which a legacy switch
 // can satisfy).
 Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
-  bool legacy = false;
-  RETURN_IF_ERROR(o.Bool("cpu_offload", &legacy));
+  bool legacy = false, legacy_params = false, pin = true;
+  RETURN_IF_ERROR(FirstError({o.Bool("cpu_offload", &legacy), o.Bool("cpu_offload_params", &legacy_params),
+                              o.Bool("cpu_offload_use_pin_memory", &pin)}));
   if (legacy) {
     if (c->offload_optimizer.device == "none") c->offload_optimizer.device = "cpu";
     ctx->warnings->push_back(ctx->source + ": " + o.KeyPath("cpu_offload") +
                              " is deprecated in DeepSpeed; read as offload_optimizer.device = \"cpu\"");
   }
-  legacy = false;
-  RETURN_IF_ERROR(o.Bool("cpu_offload_params", &legacy));
-  if (legacy) {
+  if (legacy_params) {
     if (c->offload_param.device == "none") c->offload_param.device = "cpu";
     ctx->warnings->push_back(ctx->source + ": " + o.KeyPath("cpu_offload_params") +
                              " is deprecated in DeepSpeed; read as offload_param.device = \"cpu\"");
@@ -288,8 +292,6 @@ Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
                        " needs offload_optimizer.device \"cpu\" or \"nvme\" (the ratio is the fraction of the "
                        "optimizer state offloaded there, the rest staying on the GPU)");
   }
-  bool pin = true;
-  RETURN_IF_ERROR(o.Bool("cpu_offload_use_pin_memory", &pin));
   if (o.Has("cpu_offload_use_pin_memory")) c->offload_optimizer.pin_memory = c->offload_param.pin_memory = pin;
   return Status::OK();
 }
@@ -424,6 +426,7 @@ const Section<AioConfig>& AioSection() {
 }
 
 Status HeadsDivideWidth(Obj& o, ModelConfig* c, Ctx*) {
+  if (o.Failed("n_embd") || o.Failed("n_head")) return Status::OK();
   if (c->n_embd % c->n_head)
     return o.Error("n_head", std::to_string(c->n_head) + " does not divide n_embd (" + std::to_string(c->n_embd) + ")");
   return Status::OK();
@@ -459,6 +462,14 @@ const Section<DataConfig>& DataSection() {
   return s;
 }
 
+// The Hugging Face TrainingArguments a trainer section may hold: read (and
+// checked) where they resolve "auto" values (engine/config_auto.h); here
+// they are only known keys.
+Status TakeHfTrainerKeys(Obj& o, TrainerConfig*, Ctx*) {
+  for (const std::string& k : HfTrainerKeys()) (void)o.Take(k);
+  return Status::OK();
+}
+
 const Section<TrainerConfig>& TrainerSection() {
   using C = TrainerConfig;
   static const Section<C> s = {
@@ -470,6 +481,7 @@ const Section<TrainerConfig>& TrainerSection() {
           OneOf("gpu_assisted_optimizer", &C::gpu_assisted_optimizer, {"auto", "on", "off"}),
           OneOf("schedule", &C::schedule, {"layer-major", "micro-batch-major"}),
           OneOf("nvme_checksum", &C::nvme_checksum, {"crc32c", "xxh64", "none"}),
+          Rule<C>(TakeHfTrainerKeys),
       },
       {}};
   return s;
@@ -478,12 +490,16 @@ const Section<TrainerConfig>& TrainerSection() {
 // ---- The top level ----------------------------------------------------------------
 
 // train_batch_size = micro batch × accumulation steps × world size: any two
-// give the third; "auto" or absent counts as not given.
-Status ReadBatchSizes(Obj& o, Config* c, Ctx*) {
+// give the third; "auto" or absent counts as not given; none given is an
+// error (DeepSpeed's too). A key that failed, or an "auto" reported
+// unresolved, stops the rule (its error is the one that matters).
+Status ReadBatchSizes(Obj& o, Config* c, Ctx* ctx) {
   int64_t tb = 0, mb = 0, ga = 0;  // 0: not given
-  RETURN_IF_ERROR(o.Int("train_batch_size", &tb, 1, kBig, true));
-  RETURN_IF_ERROR(o.Int("train_micro_batch_size_per_gpu", &mb, 1, kBig, true));
-  RETURN_IF_ERROR(o.Int("gradient_accumulation_steps", &ga, 1, kBig, true));
+  const char* keys[] = {"train_batch_size", "train_micro_batch_size_per_gpu", "gradient_accumulation_steps"};
+  RETURN_IF_ERROR(FirstError({o.Int(keys[0], &tb, 1, kBig, true), o.Int(keys[1], &mb, 1, kBig, true),
+                              o.Int(keys[2], &ga, 1, kBig, true)}));
+  for (const char* k : keys)
+    if (ctx->unresolved.count(k)) return Status::OK();
   const int64_t w = c->world_size;
   auto rule = [&](const std::string& what) {
     return o.Error("train_batch_size", what +
@@ -493,26 +509,28 @@ Status ReadBatchSizes(Obj& o, Config* c, Ctx*) {
                                            (mb ? std::to_string(mb) : "?") + " × " +
                                            (ga ? std::to_string(ga) : "?") + " × " + std::to_string(w) + ")");
   };
+  // Products in 128 bits: each factor is at most 1e15.
+  auto product = [](__int128 a, __int128 b, __int128 c3) { return a * b * c3; };
+  if (!tb && !mb)
+    return o.Error("train_batch_size",
+                   "no batch size: give train_micro_batch_size_per_gpu (with gradient_accumulation_steps, default 1) "
+                   "or train_batch_size (DeepSpeed requires one of them too)");
   if (tb && mb && ga) {
-    if (tb != mb * ga * w) return rule("inconsistent batch sizes");
+    if (tb != product(mb, ga, w)) return rule("inconsistent batch sizes");
   } else if (tb && mb) {
-    if (tb % (mb * w)) return rule("train_batch_size is not divisible by micro batch × world size");
-    ga = tb / (mb * w);
+    if (tb % product(mb, w, 1)) return rule("train_batch_size is not divisible by micro batch × world size");
+    ga = static_cast<int64_t>(tb / product(mb, w, 1));
   } else if (tb && ga) {
-    if (tb % (ga * w)) return rule("train_batch_size is not divisible by accumulation steps × world size");
-    mb = tb / (ga * w);
+    if (tb % product(ga, w, 1)) return rule("train_batch_size is not divisible by accumulation steps × world size");
+    mb = static_cast<int64_t>(tb / product(ga, w, 1));
   } else if (mb) {
     if (!ga) ga = 1;
-    tb = mb * ga * w;
-  } else if (tb) {
+    if (product(mb, ga, w) > static_cast<__int128>(kBig)) return rule("the batch is too large");
+    tb = static_cast<int64_t>(product(mb, ga, w));
+  } else {
     ga = 1;
     if (tb % w) return rule("train_batch_size is not divisible by the world size");
     mb = tb / w;
-  } else {
-    const Config defaults;
-    mb = defaults.micro_batch;
-    if (!ga) ga = defaults.grad_accum;
-    tb = mb * ga * w;
   }
   c->train_batch_size = tb;
   c->micro_batch = mb;
@@ -596,65 +614,91 @@ const Section<Config>& ConfigSection() {
 
 }  // namespace
 
-Result<Config> ParseConfig(const json& j, const std::string& source, int world_size,
+Result<Config> ParseConfig(const json& j, const std::string& source, const ConfigSources& sources,
                            std::vector<std::string>* warnings) {
   std::vector<std::string> local;
   if (!warnings) warnings = &local;
-  Ctx ctx{source, warnings};
-  if (!j.is_object()) return InvalidArgument(source + ": the config is not a JSON object");
-  if (world_size < 1) return InvalidArgument("world size " + std::to_string(world_size) + " is not positive");
+  if (!j.is_object()) return InvalidArgument(source + ": the config is not a JSON object (it is " + Show(j) + ")");
+  if (sources.world_size < 1)
+    return InvalidArgument("world size " + std::to_string(sources.world_size) + " is not positive");
+  if (JsonDeeperThan(j, kMaxConfigDepth))
+    return InvalidArgument(source + ": nested deeper than " + std::to_string(kMaxConfigDepth) + " levels");
+  Ctx ctx{source, warnings, {}, {}};
+  json resolved = j;
+  try {
+    ResolveAuto(&resolved, sources, &ctx);
+  } catch (const std::exception& e) {  // a library exception at the boundary is a config error
+    ctx.errors.push_back(source + ": cannot resolve \"auto\" values: " + PrintableText(e.what(), 120));
+  }
   Config c;  // every key left out keeps its default
   c.source = source;
-  c.world_size = world_size;
-  Obj o(j, "", &ctx);
-  RETURN_IF_ERROR(ReadSection(o, &c, ConfigSection(), &ctx));
+  c.world_size = sources.world_size;
+  Obj o(resolved, "", &ctx);
+  (void)ReadSection(o, &c, ConfigSection(), &ctx);
+  if (!j.contains("model")) {
+    if (sources.model) {
+      c.model = *sources.model;
+    } else if (sources.require_model) {
+      ctx.errors.push_back(source +
+                           ": no \"model\" section: give the model's shape (\"model\": {\"n_layer\": ..., \"n_embd\": "
+                           "..., \"n_head\": ..., \"vocab_size\": ..., \"seq_len\": ...}), or start from Hugging Face "
+                           "GPT-2 weights with --init-from FILE (their shape is the model); `strata train` without "
+                           "--config trains the built-in demo");
+    }
+  }
+  if (!ctx.errors.empty()) return InvalidArgument(JoinConfigErrors(ctx.errors));
   return c;
 }
 
-Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& getenv) {
-  for (const char* var : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
-    const char* v = getenv(var);
-    if (!v || !*v) continue;
-    char* end = nullptr;
-    errno = 0;
-    const long n = std::strtol(v, &end, 10);
-    if (errno != 0 || *end != '\0' || n < 1 || n > (1 << 20))
-      return InvalidArgument(std::string("environment variable ") + var + "=\"" + v +
-                             "\" (set by a launcher) is not a positive integer world size");
-    return static_cast<int>(n);
-  }
-  return 1;
+Result<Config> ParseConfig(const json& j, const std::string& source, int world_size,
+                           std::vector<std::string>* warnings) {
+  ConfigSources s;
+  s.world_size = world_size;
+  return ParseConfig(j, source, s, warnings);
+}
+
+namespace {
+
+// `p` under `dir` (which ends in '/', or is "") when it is relative; "" stays "".
+std::string RelativeTo(const std::string& dir, const std::string& p) {
+  if (p.empty() || p.front() == '/') return p;
+  return dir + p;
+}
+
+}  // namespace
+
+Result<Config> LoadConfig(const std::string& path, const ConfigSources& sources, std::vector<std::string>* warnings) {
+  ASSIGN_OR_RETURN(std::string text, ReadConfigText(path));
+  ASSIGN_OR_RETURN(json j, ParseConfigJson(text, path));
+  ASSIGN_OR_RETURN(Config c, ParseConfig(j, path, sources, warnings));
+  // Paths in the file are relative to its folder (as the file's author sees them).
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "" : path.substr(0, slash + 1);
+  for (std::string* p : {&c.data.path, &c.data.val_path, &c.zero.offload_param.nvme_path,
+                         &c.zero.offload_optimizer.nvme_path})
+    *p = RelativeTo(dir, *p);
+  return c;
 }
 
 Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings) {
-  std::ifstream in(path);
-  if (!in) return ErrnoStatus("cannot open config file", path);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) return ErrnoStatus("cannot read config file", path);
-  json j;
-  try {
-    j = json::parse(ss.str(), nullptr, true, /*ignore_comments=*/true);
-  } catch (const json::parse_error& e) {
-    // Translate the byte offset into line:column.
-    std::string text = ss.str();
-    size_t line = 1, col = 1;
-    for (size_t i = 0; i + 1 < e.byte && i < text.size(); ++i) {
-      if (text[i] == '\n') ++line, col = 1;
-      else ++col;
-    }
-    return InvalidArgument(path + ":" + std::to_string(line) + ":" + std::to_string(col) +
-                           ": not valid JSON: " + e.what());
-  }
-  return ParseConfig(j, path, world_size, warnings);
+  ConfigSources s;
+  s.world_size = world_size;
+  return LoadConfig(path, s, warnings);
 }
 
 nlohmann::json ConfigToJson(const Config& c) { return WriteSection(c, ConfigSection()); }
 
 Config DefaultConfig() {
-  // The demo is the defaults; only its name in messages differs.
+  // DeepSpeed's defaults but where GPT training's usual values differ
+  // (configs/default.json writes the same).
   Config c;
   c.source = "(built-in default)";
+  c.train_batch_size = c.micro_batch = 8;
+  c.grad_accum = 1;
+  c.optimizer.beta2 = 0.95;
+  c.optimizer.weight_decay = 0.1;
+  c.gradient_clipping = 1.0;
+  c.steps_per_print = 5;
   return c;
 }
 

@@ -11,11 +11,22 @@
 //   path and the nearest known key, so a typo is never silently ignored.
 // - `train_batch_size = micro_batch × gradient_accumulation_steps × world`;
 //   any two determine the third; all three inconsistent is an error stating
-//   the rule and the numbers. "auto" is accepted for these three (derived).
+//   the rule and the numbers; none of them is an error (as in DeepSpeed).
+// - Hugging Face-style "auto" values are resolved as the HF Trainer does,
+//   from the config's `trainer` section, the run's steps, the model's width
+//   and dtype (engine/config_auto.h); one error lists every "auto" that
+//   nothing resolves.
+// - Every error of a file is reported at once, each with its key path (one
+//   error per line; a single error is just its line).
+// - A file is read with limits (engine/config_json.h): a regular file of at
+//   most 4 MiB, 64 levels deep, each key once per object.
+// - Paths in a file (data.path, data.val_path, nvme_path) are relative to
+//   the file's folder.
 #pragma once
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -27,10 +38,13 @@
 
 namespace strata {
 
-// Defaults: each field's initializer is its one default, what a config that
-// leaves the key out gets (ParseConfig starts from a default-constructed
-// Config). They are DeepSpeed's but where a comment says otherwise.
-// Configs compare field by field (operator==).
+// Defaults: each field's initializer is its one default, what a config file
+// that leaves the key out gets (ParseConfig starts from a default-constructed
+// Config): DeepSpeed's, so that a DeepSpeed user's config means here what it
+// means to DeepSpeed, but where a comment says otherwise. The built-in demo
+// (`strata train` with no --config) is DefaultConfig(), which sets its own
+// values (configs/default.json spells them out). Configs compare field by
+// field (operator==).
 
 struct Fp16Config {
   bool enabled = false;
@@ -45,13 +59,14 @@ struct Fp16Config {
 };
 
 struct OptimizerConfig {
-  std::string type = "AdamW";     // "Adam" or "AdamW" (DeepSpeed names, case-insensitive)
-  double lr = 1e-3;
-  // beta2 0.95 and weight_decay 0.1 are strata's (GPT training's usual
-  // values); DeepSpeed's Adam defaults are 0.999 and 0.
-  double beta1 = 0.9, beta2 = 0.95;
+  // "Adam" or "AdamW" (DeepSpeed names, case-insensitive). Without an
+  // "optimizer" section DeepSpeed uses the client's optimizer; strata has
+  // none but its own, and uses AdamW.
+  std::string type = "AdamW";
+  double lr = 1e-3;               // torch's Adam default, as DeepSpeed's Adam
+  double beta1 = 0.9, beta2 = 0.999;
   double eps = 1e-8;
-  double weight_decay = 0.1;
+  double weight_decay = 0;
   bool adam_w_mode = true;        // decoupled weight decay (DeepSpeed Adam's default)
   bool bias_correction = true;
   bool operator==(const OptimizerConfig&) const = default;
@@ -66,8 +81,10 @@ struct SchedulerConfig {
 struct OffloadConfig {
   std::string device = "none";    // none | cpu | nvme
   std::string nvme_path;
+  // DeepSpeed's default is false (pageable); strata pins its host tier
+  // unless told not to: pinning changes only the speed of the copies.
   bool pin_memory = true;
-  int buffer_count = 5;
+  int buffer_count = 5;           // offload_param's; offload_optimizer's is 4 (ZeroConfig)
   uint64_t buffer_size = 100'000'000;
   uint64_t max_in_cpu = 1'000'000'000;
   bool pipeline_read = false, pipeline_write = false;  // offload_optimizer only
@@ -88,9 +105,19 @@ struct OffloadConfig {
   bool operator==(const OffloadConfig&) const = default;
 };
 
+// offload_optimizer's defaults: offload_param's but for buffer_count (4 in DeepSpeed).
+inline OffloadConfig OptimizerOffloadDefaults() {
+  OffloadConfig c;
+  c.buffer_count = 4;
+  return c;
+}
+
 struct ZeroConfig {
-  int stage = 3;
-  OffloadConfig offload_param, offload_optimizer;
+  // 0 as in DeepSpeed. On one rank stages 0-3 place the same (nothing to
+  // partition across); the plan says so (engine/budgets.h ZeroStageNote).
+  int stage = 0;
+  OffloadConfig offload_param;
+  OffloadConfig offload_optimizer = OptimizerOffloadDefaults();
   bool overlap_comm = true;
   uint64_t reduce_bucket_size = 500'000'000;
   uint64_t allgather_bucket_size = 500'000'000;
@@ -166,20 +193,22 @@ struct TrainerConfig {
 
 struct Config {
   std::string source;             // file name for messages
-  // DeepSpeed requires a batch size; strata's default is micro batch 8.
-  int64_t train_batch_size = 8;   // micro_batch × grad_accum × world_size
-  int64_t micro_batch = 8;        // train_micro_batch_size_per_gpu
+  // DeepSpeed has no default batch size (a config file must give one: an
+  // error otherwise); 1 for a Config built in code. The demo's is 8.
+  int64_t train_batch_size = 1;   // micro_batch × grad_accum × world_size
+  int64_t micro_batch = 1;        // train_micro_batch_size_per_gpu
   int64_t grad_accum = 1;         // gradient_accumulation_steps
   int world_size = 1;
   Fp16Config fp16;
   bool bf16 = false;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
-  double gradient_clipping = 1.0; // 0 = off (DeepSpeed's default; strata's is 1.0)
+  // 0 = off: DeepSpeed's code (GRADIENT_CLIPPING_DEFAULT); its docs say 1.0.
+  double gradient_clipping = 0;
   ZeroConfig zero;
   ActivationCheckpointingConfig activation_checkpointing;
   AioConfig aio;
-  int64_t steps_per_print = 5;    // DeepSpeed's default is 10
+  int64_t steps_per_print = 10;
   bool wall_clock_breakdown = false;
   ModelConfig model;
   DataConfig data;
@@ -190,12 +219,33 @@ struct Config {
   bool operator==(const Config&) const = default;
 };
 
+// What a run knows beside its config file: for the batch rule, for "auto"
+// values (engine/config_auto.h) and for a config without a model.
+struct ConfigSources {
+  int world_size = 1;                    // from the launcher
+  int64_t steps = -1;                    // the command line's --steps (-1: none; then trainer.steps)
+  std::string model_dtype;               // "bf16", "fp16" or "fp32": the dtype of the weights a run starts
+                                         // from (--init-from), "" unknown
+  // The model of a config without a "model" section (e.g. the shape of the
+  // --init-from weights); unset: such a config gets ModelConfig's defaults,
+  // or the error below.
+  std::optional<ModelConfig> model;
+  bool require_model = false;            // no "model" section and no `model`: an error saying how to give one
+};
+
 // Parses `j` (the whole config). Warnings for accepted-but-ignored DeepSpeed
-// keys are appended to `warnings`. `world_size` comes from the launcher.
+// keys are appended to `warnings`. Every error is reported in one
+// InvalidArgument, one per line.
+Result<Config> ParseConfig(const nlohmann::json& j, const std::string& source, const ConfigSources& sources,
+                           std::vector<std::string>* warnings);
+// The same with only the launcher's world size known.
 Result<Config> ParseConfig(const nlohmann::json& j, const std::string& source, int world_size,
                            std::vector<std::string>* warnings);
 
-// Reads and parses a file; JSON syntax errors name the file, line and column.
+// Reads (engine/config_json.h's limits: errors name the file, line and
+// column) and parses a file; relative paths in it are made relative to its
+// folder.
+Result<Config> LoadConfig(const std::string& path, const ConfigSources& sources, std::vector<std::string>* warnings);
 Result<Config> LoadConfig(const std::string& path, int world_size, std::vector<std::string>* warnings);
 
 // The world size a launcher gave this process: WORLD_SIZE (torchrun, the
@@ -209,8 +259,11 @@ Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& get
 // record); ParseConfig of the result gives the same Config back.
 nlohmann::json ConfigToJson(const Config& c);
 
-// The built-in demo (`strata train` without --config, `make run`): the
-// default Config, the small GPT on the bundled corpus, named for messages.
+// The built-in demo (`strata train` without --config, `make run`): the small
+// GPT on the bundled corpus with GPT training's usual values where they are
+// not DeepSpeed's defaults: micro batch 8, AdamW betas (0.9, 0.95), weight
+// decay 0.1, gradient clipping 1.0, a log line every 5 steps (what
+// configs/default.json writes out).
 Config DefaultConfig();
 
 // Levenshtein distance (for "did you mean" suggestions).

@@ -22,8 +22,7 @@ namespace strata::config_internal {
 template <typename T>
 Status Stage3Int(Obj& o, const std::string& name, T* out, double lo, double hi) {
   T a = *out, b = *out;
-  RETURN_IF_ERROR(o.Int(name, &a, lo, hi, true));
-  RETURN_IF_ERROR(o.Int("stage3_" + name, &b, lo, hi, true));
+  RETURN_IF_ERROR(FirstError({o.Int(name, &a, lo, hi, true), o.Int("stage3_" + name, &b, lo, hi, true)}));
   if (o.Has(name) && o.Has("stage3_" + name) && a != b)
     return o.Error(name, "given as both \"" + name + "\" (" + std::to_string(a) + ") and \"stage3_" + name +
                              "\" (" + std::to_string(b) + "); keep one");
@@ -34,8 +33,8 @@ Status Stage3Int(Obj& o, const std::string& name, T* out, double lo, double hi) 
 // ---- The field table ---------------------------------------------------------
 //
 // Each section of the config (the top level, "fp16", "zero_optimization",
-// ...) is a Section: rows that ReadSection reads in order (so the first of
-// several errors is the one reported) and WriteSection writes, then the
+// ...) is a Section: rows that ReadSection reads in order (every error is
+// recorded in Ctx::errors, in that order) and WriteSection writes, then the
 // section's DeepSpeed keys that strata does not implement. A row is
 // - a field: a key bound to a member of the section's struct, with its range
 //   (numbers) or allowed spellings (strings): read, range-checked and written
@@ -167,12 +166,22 @@ Status ReadField(Obj& o, const Row<S>& r, S* s) {
       *r.member);
 }
 
+// Reads every row, then classifies the keys no row read. The errors are in
+// ctx->errors (a row's returned error is recorded there already); a library
+// exception is one more error, naming the row's key. Returns OK: the caller
+// reads on and reports ctx->errors at the end.
 template <typename S>
 Status ReadSection(Obj& o, S* s, const Section<S>& section, Ctx* ctx) {
   for (const Row<S>& r : section.rows) {
-    RETURN_IF_ERROR(r.member ? ReadField(o, r, s) : r.read(o, s, ctx));
+    try {
+      Status st = r.member ? ReadField(o, r, s) : r.read(o, s, ctx);
+      (void)st;  // recorded in ctx->errors by Obj::Error / Obj::Fail
+    } catch (const std::exception& e) {
+      (void)o.Error(r.key.empty() ? "(a rule)" : r.key, std::string("cannot be read: ") + PrintableText(e.what(), 120));
+    }
   }
-  return o.Finish(section.ignored);
+  (void)o.Finish(section.ignored);
+  return Status::OK();
 }
 
 template <typename S>

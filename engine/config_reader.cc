@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstdlib>
 
 namespace strata {
 
@@ -17,6 +19,21 @@ size_t EditDistance(const std::string& a, const std::string& b) {
     std::swap(prev, cur);
   }
   return prev[b.size()];
+}
+
+Result<int> LauncherWorldSize(const std::function<const char*(const char*)>& getenv) {
+  for (const char* var : {"WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    const char* v = getenv(var);
+    if (!v || !*v) continue;
+    char* end = nullptr;
+    errno = 0;
+    const long n = std::strtol(v, &end, 10);
+    if (errno != 0 || *end != '\0' || n < 1 || n > (1 << 20))
+      return InvalidArgument(std::string("environment variable ") + var + "=\"" + v +
+                             "\" (set by a launcher) is not a positive integer world size");
+    return static_cast<int>(n);
+  }
+  return 1;
 }
 
 }  // namespace strata

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 namespace strata {
@@ -12,6 +14,16 @@ namespace strata {
 namespace {
 constexpr int32_t kLlmcMagic = 20240520;
 constexpr int kLlmcHeaderInts = 256;
+constexpr uint64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
+// Token files up to this many tokens have every id checked when opened;
+// larger ones a sample (kSampleChunks evenly spaced runs, the first and last
+// included), the rest as batches read them.
+constexpr uint64_t kCheckAllTokens = uint64_t{1} << 28;
+constexpr uint64_t kSampleChunks = 64;
+constexpr uint64_t kSampleChunkTokens = uint64_t{1} << 20;
+// A text file whose first 64 KiB hold more than 1% control bytes looks
+// like binary tokens.
+constexpr size_t kTextProbeBytes = 64 << 10;
 
 uint64_t SplitMix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
@@ -19,18 +31,73 @@ uint64_t SplitMix64(uint64_t x) {
   x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
   return x ^ (x >> 31);
 }
+
+const char* FileKind(mode_t m) {
+  if (S_ISFIFO(m)) return "a FIFO (named pipe)";
+  if (S_ISCHR(m)) return "a character device";
+  if (S_ISBLK(m)) return "a block device";
+  if (S_ISSOCK(m)) return "a socket";
+  return "not a regular file";
+}
+
+// Other llm.c files, by their magic, for the error that says what the file is.
+const char* LlmcOtherFile(int32_t magic) {
+  switch (magic) {
+    case 20240326: return "an llm.c GPT-2 model checkpoint (gpt2_*.bin)";
+    case 20240327: return "an llm.c debug state file";
+    case 20240328: return "an llm.c tokenizer file";
+    case 20240801: return "an llm.c uint32 token file (llama-3 tokens); strata reads uint16 token files";
+    default: return nullptr;
+  }
+}
+
+// True when the first 1 KiB is laid out as an llm.c token header (a small
+// version, a token count that accounts for the file's size in uint16 or
+// uint32 tokens, the rest zero) whatever its magic says.
+bool LooksLikeLlmcHeader(const int32_t* h, uint64_t file_bytes) {
+  if (file_bytes < kLlmcHeaderBytes || h[1] < 1 || h[1] > 16 || h[2] <= 0) return false;
+  for (int i = 3; i < kLlmcHeaderInts; ++i)
+    if (h[i] != 0) return false;
+  const uint64_t n = static_cast<uint64_t>(h[2]);
+  return file_bytes == kLlmcHeaderBytes + 2 * n || file_bytes == kLlmcHeaderBytes + 4 * n;
+}
+
+// The share of control bytes (not tab, newline, carriage return, form feed,
+// vertical tab) in the first kTextProbeBytes.
+double ControlByteShare(const uint8_t* p, size_t n) {
+  n = std::min(n, kTextProbeBytes);
+  size_t control = 0;
+  for (size_t i = 0; i < n; ++i)
+    if ((p[i] < 0x20 && (p[i] < 0x09 || p[i] > 0x0D)) || p[i] == 0x7F) ++control;
+  return n ? static_cast<double>(control) / static_cast<double>(n) : 0.0;
+}
+
+std::string Percent(double f) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%.0f%%", 100 * f);
+  return b;
+}
+
 }  // namespace
 
 Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, const std::string& format) {
   if (format != "auto" && format != "text" && format != "tokens")
     return InvalidArgument("data format \"" + format + "\" is not allowed (allowed: auto, text, tokens)");
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO without a writer would block open() forever.
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open data file", path);
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     Status s = ErrnoStatus("cannot stat data file", path);
     ::close(fd);
     return s;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (S_ISDIR(st.st_mode))
+      return InvalidArgument("data file " + path + " is a directory; give a file (text, or an llm.c/nanoGPT token file)");
+    return InvalidArgument("data file " + path + " is " + FileKind(st.st_mode) +
+                           "; strata memory-maps its data: give a regular file");
   }
   std::unique_ptr<TokenFile> f(new TokenFile());
   f->path_ = path;
@@ -47,41 +114,93 @@ Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, cons
     return map_err;
   }
   madvise(f->map_, f->map_bytes_, MADV_RANDOM);
-  const uint8_t* base = static_cast<const uint8_t*>(f->map_);
-  int32_t header[3] = {0, 0, 0};
-  if (f->map_bytes_ >= sizeof header) std::memcpy(header, base, sizeof header);
-  bool looks_llmc = f->map_bytes_ >= kLlmcHeaderInts * 4 && header[0] == kLlmcMagic;
-  bool bin_ext = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
-  Format fmt;
-  if (format == "text") fmt = Format::kText;
-  else if (looks_llmc) fmt = Format::kLlmc;
-  else if (format == "tokens" || bin_ext) fmt = Format::kRawU16;
-  else fmt = Format::kText;
-  f->format_ = fmt;
-  if (fmt == Format::kText) {
-    f->bytes_ = base;
-    f->count_ = f->map_bytes_;
-  } else if (fmt == Format::kLlmc) {
+  RETURN_IF_ERROR(f->DetectFormat(format));
+  return f;
+}
+
+Status TokenFile::DetectFormat(const std::string& format) {
+  const std::string& path = path_;
+  const uint8_t* base = static_cast<const uint8_t*>(map_);
+  int32_t header[kLlmcHeaderInts] = {};
+  std::memcpy(header, base, std::min<size_t>(map_bytes_, sizeof header));
+  const bool llmc_magic = map_bytes_ >= kLlmcHeaderBytes && header[0] == kLlmcMagic;
+  const bool bin_ext = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
+  if (format != "text" && !llmc_magic) {
+    // A header in all but its magic: reading it as raw uint16 would train on
+    // the header.
+    if (const char* other = map_bytes_ >= kLlmcHeaderBytes ? LlmcOtherFile(header[0]) : nullptr)
+      return InvalidArgument("data file " + path + " is " + other + " (magic " + std::to_string(header[0]) +
+                             "), not an llm.c uint16 token file (magic 20240520)");
+    if (LooksLikeLlmcHeader(header, map_bytes_))
+      return InvalidArgument("data file " + path + " has an llm.c token file's 256-int header (version " +
+                             std::to_string(header[1]) + ", " + std::to_string(header[2]) + " tokens) but magic " +
+                             std::to_string(header[0]) + ", not 20240520: corrupt or another format; strata does "
+                             "not read it as raw uint16 (that would train on the header)");
+  }
+  if (format == "text") {
+    format_ = Format::kText;
+    format_reason_ = "data.format \"text\"";
+    if (llmc_magic)
+      warnings_.push_back(path + " starts with an llm.c token header (magic 20240520) but data.format is \"text\": "
+                          "its bytes are the tokens");
+  } else if (llmc_magic) {
+    format_ = Format::kLlmc;
+    format_reason_ = "detected from its header: magic 20240520, version " + std::to_string(header[1]);
+  } else if (format == "tokens" || bin_ext) {
+    format_ = Format::kRawU16;
+    format_reason_ = format == "tokens" ? "data.format \"tokens\", no llm.c header" : "by its .bin extension, no llm.c header";
+  } else {
+    format_ = Format::kText;
+    format_reason_ = "no llm.c header, not .bin";
+    const double share = ControlByteShare(base, map_bytes_);
+    if (share > 0.01)
+      warnings_.push_back(path + " is read as text (byte tokens), but " + Percent(share) + " of its first " +
+                          std::to_string(std::min(map_bytes_, kTextProbeBytes)) +
+                          " bytes are control bytes, as in a binary token file; set data.format \"tokens\" to read "
+                          "it as uint16 tokens (or \"text\" to keep this and silence the warning)");
+  }
+  if (format_ == Format::kText) {
+    bytes_ = base;
+    count_ = map_bytes_;
+  } else if (format_ == Format::kLlmc) {
     if (header[1] != 1)
       return InvalidArgument("llm.c token file " + path + " has version " + std::to_string(header[1]) +
                              "; only version 1 (uint16 tokens) is supported");
-    f->header_bytes_ = kLlmcHeaderInts * 4;
-    uint64_t have = (f->map_bytes_ - f->header_bytes_) / 2;
-    uint64_t want = static_cast<uint32_t>(header[2]);
+    if (header[2] < 0)
+      return DataLoss("llm.c token file's header gives a negative token count (" + std::to_string(header[2]) + ")", path,
+                      8);
+    header_bytes_ = kLlmcHeaderBytes;
+    const uint64_t have = (map_bytes_ - header_bytes_) / 2;
+    const uint64_t want = static_cast<uint64_t>(header[2]);
     if (have < want)
       return DataLoss("llm.c token file is truncated: the header says " + std::to_string(want) +
                           " tokens but the file holds " + std::to_string(have),
-                      path, f->header_bytes_ + 2 * have);
-    f->tokens_ = reinterpret_cast<const uint16_t*>(base + f->header_bytes_);
-    f->count_ = want;
+                      path, header_bytes_ + 2 * have);
+    if (map_bytes_ != header_bytes_ + 2 * want)
+      warnings_.push_back(path + ": " + std::to_string(map_bytes_ - header_bytes_ - 2 * want) +
+                          " bytes after the header's " + std::to_string(want) + " tokens are not read");
+    tokens_ = reinterpret_cast<const uint16_t*>(base + header_bytes_);
+    count_ = want;
   } else {
-    if (f->map_bytes_ % 2)
-      return DataLoss("uint16 token file has an odd size (" + std::to_string(f->map_bytes_) + " bytes)", path,
-                      f->map_bytes_ - 1);
-    f->tokens_ = reinterpret_cast<const uint16_t*>(base);
-    f->count_ = f->map_bytes_ / 2;
+    if (map_bytes_ % 2)
+      return DataLoss("uint16 token file has an odd size (" + std::to_string(map_bytes_) + " bytes)", path,
+                      map_bytes_ - 1);
+    tokens_ = reinterpret_cast<const uint16_t*>(base);
+    count_ = map_bytes_ / 2;
   }
-  return f;
+  return Status::OK();
+}
+
+std::optional<uint64_t> TokenFile::FindIdAtLeast(uint64_t begin, uint64_t end, uint32_t limit) const {
+  if (format_ == Format::kText) {
+    if (limit > 255) return std::nullopt;
+    for (uint64_t i = begin; i < end; ++i)
+      if (bytes_[i] >= limit) return i;
+    return std::nullopt;
+  }
+  for (uint64_t i = begin; i < end; ++i)
+    if (tokens_[i] >= limit) return i;
+  return std::nullopt;
 }
 
 TokenFile::~TokenFile() {
@@ -125,7 +244,38 @@ Result<std::unique_ptr<DataLoader>> DataLoader::Open(const DataConfig& cfg, cons
   if (d->val_.size() != 0 && d->val_.size() < need)
     return InvalidArgument("validation data in " + d->val_.file->path() + " has " + std::to_string(d->val_.size()) +
                            " tokens; seq_len " + std::to_string(seq_len) + " needs at least " + std::to_string(need));
+  RETURN_IF_ERROR(d->CheckIds(*d->file_));
+  if (d->val_file_) RETURN_IF_ERROR(d->CheckIds(*d->val_file_));
   return d;
+}
+
+// Every id of `f` (or, in a large file, an even sample of runs of ids) is
+// below the vocabulary, so that a wrong file fails before the first step.
+Status DataLoader::CheckIds(const TokenFile& f) {
+  if (f.format() == TokenFile::Format::kText) return Status::OK();  // bytes, and the vocabulary holds 256
+  const uint64_t n = f.size();
+  std::vector<std::pair<uint64_t, uint64_t>> runs;
+  if (n <= kCheckAllTokens) {
+    runs.push_back({0, n});
+  } else {
+    for (uint64_t c = 0; c < kSampleChunks; ++c) {
+      const uint64_t begin = (n - kSampleChunkTokens) / (kSampleChunks - 1) * c;
+      runs.push_back({begin, std::min(n, begin + kSampleChunkTokens)});
+    }
+    runs.back() = {n - kSampleChunkTokens, n};
+  }
+  for (const auto& [begin, end] : runs)
+    if (std::optional<uint64_t> i = f.FindIdAtLeast(begin, end, static_cast<uint32_t>(vocab_)))
+      return InvalidArgument("token id " + std::to_string(f[*i]) + " at byte offset " +
+                             std::to_string(f.FileOffset(*i)) + " of " + f.path() +
+                             " is outside the model's vocabulary (vocab_size " + std::to_string(vocab_) +
+                             "; found checking the data before the first step)");
+  std::string note = n <= kCheckAllTokens ? "every token id checked < vocab_size " + std::to_string(vocab_)
+                                          : "token ids < vocab_size " + std::to_string(vocab_) + " in a sample of " +
+                                                std::to_string(kSampleChunks) + " x " +
+                                                std::to_string(kSampleChunkTokens) + " tokens (the rest as read)";
+  checks_.push_back(f.path() + ": " + note);
+  return Status::OK();
 }
 
 Status DataLoader::Fill(const TokenSpan& span, uint64_t start, int32_t* tokens, int32_t* targets, int row) const {
@@ -170,17 +320,22 @@ Status DataLoader::Val(uint64_t index, int32_t* tokens, int32_t* targets) const 
 
 std::string DataLoader::Describe() const {
   auto fmt = [](const TokenFile& f) {
+    std::string what;
     switch (f.format()) {
-      case TokenFile::Format::kText: return "text, byte-level tokens";
-      case TokenFile::Format::kLlmc: return "llm.c uint16 tokens";
-      case TokenFile::Format::kRawU16: return "raw uint16 tokens";
+      case TokenFile::Format::kText: what = "text, byte-level tokens"; break;
+      case TokenFile::Format::kLlmc: what = "llm.c uint16 tokens"; break;
+      case TokenFile::Format::kRawU16: what = "raw uint16 tokens"; break;
     }
-    return "?";
+    return what + "; " + f.format_reason();
   };
   std::string s = file_->path() + ": " + std::to_string(train_.size()) + " training tokens (" + fmt(*file_) + ")";
   if (val_.size())
     s += ", " + std::to_string(val_.size()) + " validation tokens" +
-         (val_file_ ? " from " + val_file_->path() : std::string(" (held-out tail)"));
+         (val_file_ ? " from " + val_file_->path() + " (" + fmt(*val_file_) + ")" : std::string(" (held-out tail)"));
+  for (const std::string& c : checks_) s += "\n  " + c;
+  for (const TokenFile* f : {file_.get(), val_file_.get()})
+    if (f)
+      for (const std::string& w : f->warnings()) s += "\nwarning: " + w;
   return s;
 }
 

@@ -2,9 +2,19 @@
 //
 // Formats (DataConfig::format, "auto" picks by content):
 // - llm.c token files: a 256 x int32 header (magic 20240520, version 1,
-//   token count) followed by uint16 tokens;
-// - nanoGPT token files: raw uint16 tokens (".bin" with no header);
-// - text: every byte is a token (vocabulary 256).
+//   token count) followed by uint16 tokens; detected from the header
+//   whatever the file's name;
+// - nanoGPT token files: raw uint16 tokens (".bin" with no header, or
+//   data.format "tokens");
+// - text: every byte is a token (vocabulary 256); a text file whose first
+//   64 KiB look binary gets a warning (set data.format).
+// A file whose header is an llm.c header but for its magic, or another llm.c
+// file (a model, a tokenizer, uint32 tokens), is an error rather than raw
+// uint16. The format and why it was chosen are stated in Describe(), as are
+// the warnings. Data must be a regular file (opened without blocking: a FIFO
+// is an error, never a hang). Token ids are checked against the vocabulary
+// when the loader opens (every id up to 256 Mi tokens, else a sample), so a
+// wrong file fails before the first step, not in the middle of the run.
 //
 // Batches are [B, T] token ids with targets shifted by one. Positions come
 // from a counter, not hidden RNG state: batch k of the training stream is a
@@ -16,6 +26,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,12 +49,19 @@ class TokenFile {
     return format_ == Format::kText ? bytes_[i] : tokens_[i];
   }
   Format format() const { return format_; }
+  // Why the format is what it is ("detected from its header: ...").
+  const std::string& format_reason() const { return format_reason_; }
+  // What looked wrong but is read anyway (a text file that looks binary).
+  const std::vector<std::string>& warnings() const { return warnings_; }
   const std::string& path() const { return path_; }
   // Byte offset in the file of token i (for error messages).
   uint64_t FileOffset(uint64_t i) const;
+  // The first index in [begin, end) whose id is >= limit, or nullopt.
+  std::optional<uint64_t> FindIdAtLeast(uint64_t begin, uint64_t end, uint32_t limit) const;
 
  private:
   TokenFile() = default;
+  Status DetectFormat(const std::string& format);
   std::string path_;
   Format format_ = Format::kText;
   void* map_ = nullptr;
@@ -52,6 +70,8 @@ class TokenFile {
   const uint16_t* tokens_ = nullptr;
   uint64_t count_ = 0;
   uint64_t header_bytes_ = 0;
+  std::string format_reason_;
+  std::vector<std::string> warnings_;
 };
 
 // A contiguous range of a token file.
@@ -65,8 +85,9 @@ class DataLoader {
  public:
   // Opens `cfg.path` (or `default_path` when empty) and the validation data
   // (cfg.val_path, or the last cfg.val_fraction of the training file).
-  // Errors: missing file (IoError), a split shorter than seq_len + 1 tokens
-  // (InvalidArgument naming the file and the counts).
+  // Errors: missing file (IoError), not a regular file, a split shorter
+  // than seq_len + 1 tokens, a token id >= vocab_size (InvalidArgument naming
+  // the file, the counts or the id and its byte offset).
   static Result<std::unique_ptr<DataLoader>> Open(const DataConfig& cfg, const std::string& default_path,
                                                   int vocab_size, int batch, int seq_len);
 
@@ -82,17 +103,22 @@ class DataLoader {
 
   uint64_t train_tokens() const { return train_.size(); }
   uint64_t val_tokens() const { return val_.size(); }
-  std::string Describe() const;  // "data/kjv.txt: 4.1 M tokens (text, byte-level); val 207 K tokens ..."
+  // "data/kjv.txt: 3930958 training tokens (text, byte-level tokens; no llm.c
+  // header, not .bin), 206892 validation tokens (held-out tail)", then a line
+  // per file checked and per warning.
+  std::string Describe() const;
 
  private:
   DataLoader() = default;
   Status Fill(const TokenSpan& span, uint64_t start, int32_t* tokens, int32_t* targets, int row) const;
+  Status CheckIds(const TokenFile& f);
 
   DataConfig cfg_;
   std::unique_ptr<TokenFile> file_, val_file_;
   TokenSpan train_, val_;
   int vocab_ = 0, B_ = 0, T_ = 0;
   uint64_t position_ = 0;
+  std::vector<std::string> checks_;  // what CheckIds checked, per file
 };
 
 }  // namespace strata

@@ -1,29 +1,49 @@
 // strata: the command-line front end.
 //
 //   strata train [--config FILE] [--data PATH] [--steps N] [--save DIR] [--save-every N]
-//                [--resume DIR] [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
+//                [--resume DIR] [--allow-config-change] [--init-from FILE]
+//                [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
 //   strata report [--nvme PATH]... [--config FILE] [--json]   (engine/report.h)
 //   strata plot LOG.jsonl [-o FILE.png]                       (engine/train_log_plot.h)
+//   strata --version                                          the build: revision, compiler, CUDA, SIMD
 //
 // With no --config it trains the small default GPT on the bundled corpus
 // (data/kjv.txt), on the GPU if there is one, else on the CPU backend.
+//
+// The command line is an input boundary like the config: a value given is
+// used or refused, never replaced without a word (--steps -5, a zero memory
+// limit, an empty path are errors); a misspelt option or command gets "did
+// you mean"; files named are regular files, checked without blocking; a
+// resume says what it would change of the checkpoint's config and refuses
+// what would break bit-identity unless --allow-config-change.
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <iostream>
 #include <string>
+#include <thread>
 #include <tuple>
+#include <vector>
 
 #include <boost/program_options.hpp>
 
 #include "base/bytes.h"
+#include "base/device.h"
+#include "engine/budgets.h"
+#include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/config_change.h"
+#include "engine/config_json.h"
+#include "engine/model_config.h"
 #include "engine/report.h"
 #include "engine/signals.h"
 #include "engine/train_log_plot.h"
 #include "engine/trainer.h"
+#include "optim/cpu_features.h"
 
 namespace po = boost::program_options;
 
@@ -31,6 +51,12 @@ namespace {
 
 #ifndef STRATA_DATA_DIR
 #define STRATA_DATA_DIR "data"
+#endif
+#ifndef STRATA_GIT_REVISION
+#define STRATA_GIT_REVISION "unknown"
+#endif
+#ifndef STRATA_NVCC_VERSION
+#define STRATA_NVCC_VERSION ""
 #endif
 
 std::string DefaultData() {
@@ -42,7 +68,7 @@ int Usage(std::ostream& os, int code) {
   os << "usage: strata train [options]     train a GPT (strata train --help)\n"
         "       strata report [options]    what this machine offers, problems and fixes (strata report --help)\n"
         "       strata plot LOG.jsonl      loss and tokens/s curves of a --log-json file (strata plot --help)\n"
-        "       strata --version\n";
+        "       strata --version           the build: revision, compiler, CUDA, SIMD paths\n";
   return code;
 }
 
@@ -52,14 +78,51 @@ int Fail(const strata::Status& s) {
   return s.code() == strata::StatusCode::kInvalidArgument ? 2 : 1;
 }
 
+// The nearest of `names` to `word` when it is near enough to be a typo.
+std::string Nearest(const std::string& word, const std::vector<std::string>& names) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const std::string& n : names) {
+    const size_t d = strata::EditDistance(word.substr(0, 100), n);
+    if (d < best_d) best_d = d, best = n;
+  }
+  return best_d <= std::max<size_t>(2, word.size() / 3) ? best : "";
+}
+
+// ---- strata --version ------------------------------------------------------------
+
+std::string VersionText() {
+  std::string s;
+  for (const strata::ReportLine& l : strata::BuildFacts()) {
+    if (l.name == "version") s = "strata " + l.value + " (git " + STRATA_GIT_REVISION + ")\n" + s;
+    else s += l.name + ": " + l.value + (l.problem.empty() ? "" : " (" + l.problem + ")") + "\n";
+  }
+  s += std::string("CUDA: ") +
+       (strata::BuiltWithCuda() ? std::string("yes, nvcc ") + STRATA_NVCC_VERSION : std::string("no")) + "\n";
+  // The CPU Adam's paths: those compiled into this binary, and the one this
+  // CPU takes (optim/cpu_features.h).
+  std::string compiled = "scalar";
+#if defined(__x86_64__)
+  compiled += " avx2 avx512 avx512bf16";
+#endif
+  s += "CPU Adam SIMD paths compiled: " + compiled + "; this CPU takes " +
+       std::string(strata::optim::IsaName(strata::optim::BestIsa())) + " (features: " +
+       strata::optim::CpuFeatureString(strata::optim::DetectCpuFeatures()) + ")\n";
+  return s;
+}
+
+// ---- strata train's flags --------------------------------------------------------
+
 // The values of `strata train`'s flags.
 struct TrainFlags {
   std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
-  bool dry_run = false, after_backward = false, no_speculation = false;
+  bool dry_run = false, after_backward = false, no_speculation = false, allow_config_change = false;
+  po::variables_map given;  // which flags the command line gave
   std::string steps_help =
       "optimizer steps to train (default: trainer.steps, " + std::to_string(strata::TrainerConfig{}.steps) + ")";
+  bool Given(const char* flag) const { return given.count(flag) > 0 && !given[flag].defaulted(); }
 };
 
 po::options_description TrainFlagsDescription(TrainFlags* f) {
@@ -70,9 +133,12 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "data", po::value(&f->data)->value_name("PATH"), "training data: a text file or an llm.c/nanoGPT token file")(
       "steps", po::value(&f->steps)->value_name("N"), f->steps_help.c_str())(
       "save", po::value(&f->save)->value_name("DIR"), "write checkpoints under DIR (at the end, and every --save-every)")(
-      "save-every", po::value(&f->save_every)->value_name("N"), "steps between checkpoints")(
+      "save-every", po::value(&f->save_every)->value_name("N"), "steps between checkpoints (needs --save)")(
       "resume", po::value(&f->resume)->value_name("DIR"),
       "continue from a checkpoint (a step directory or a --save DIR)")(
+      "allow-config-change", po::bool_switch(&f->allow_config_change),
+      "with --resume: accept config changes that make the run differ from an uninterrupted one (batch size, "
+      "learning rate, precision, ...)")(
       "init-from", po::value(&f->init_from)->value_name("DIR|FILE"),
       "start from Hugging Face GPT-2 weights: a model directory (its model.safetensors; its tokenizer files go into "
       "every checkpoint) or a model.safetensors, e.g. to fine-tune GPT-2")(
@@ -93,55 +159,183 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
   return desc;
 }
 
-// The run the flags ask for; config warnings go to stderr.
-strata::Result<strata::TrainOptions> TrainOptionsFrom(const TrainFlags& f) {
-  strata::TrainOptions o;
-  std::vector<std::string> warnings;
-  if (!f.config_path.empty()) {
-    ASSIGN_OR_RETURN(o.config, strata::LoadConfig(f.config_path, 1, &warnings));
+// Parses argv into `f`; an unknown option gets the nearest known one.
+strata::Status ParseTrainFlags(int argc, char** argv, const po::options_description& desc, TrainFlags* f) {
+  // No prefix guessing: "--step" must not silently become "--steps" (nor
+  // "--save" a later "--save-dir").
+  const int style = po::command_line_style::default_style & ~po::command_line_style::allow_guessing;
+  try {
+    po::store(po::command_line_parser(argc, argv).options(desc).style(style).run(), f->given);
+    po::notify(f->given);
+  } catch (const po::unknown_option& e) {
+    std::string opt = e.get_option_name();
+    std::vector<std::string> names;
+    for (const auto& o : desc.options()) names.push_back("--" + o->long_name());
+    const std::string near = Nearest(opt, names);
+    return strata::InvalidArgument("strata train: unknown option " + opt +
+                                   (near.empty() ? "" : "; did you mean " + near + "?") + " (strata train --help)");
+  } catch (const std::exception& e) {
+    return strata::InvalidArgument(std::string("strata train: ") + e.what() + " (strata train --help)");
   }
+  return strata::Status::OK();
+}
+
+// A path given on the command line: not empty, and, when it exists, of the
+// kind the flag needs (checked with stat, which never blocks on a FIFO).
+strata::Status CheckPathFlag(const char* flag, const std::string& path, bool want_dir, bool must_exist) {
+  if (path.empty()) return strata::InvalidArgument(std::string(flag) + " was given an empty path");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    if (must_exist) return strata::ErrnoStatus(std::string(flag) + ": cannot stat", path);
+    return strata::Status::OK();
+  }
+  if (want_dir && !S_ISDIR(st.st_mode))
+    return strata::InvalidArgument(std::string(flag) + " " + path + " is not a directory");
+  if (!want_dir && S_ISDIR(st.st_mode))
+    return strata::InvalidArgument(std::string(flag) + " " + path + " is a directory; give a file");
+  if (!want_dir && !S_ISREG(st.st_mode))
+    return strata::InvalidArgument(std::string(flag) + " " + path + " is " +
+                                   (S_ISFIFO(st.st_mode) ? "a FIFO" : S_ISCHR(st.st_mode) ? "a character device"
+                                                                                           : "not a regular file") +
+                                   "; give a regular file");
+  return strata::Status::OK();
+}
+
+// Values the flags cannot take. Every flag given is used as given: none
+// falls back to its default without a word.
+strata::Status CheckTrainFlags(const TrainFlags& f) {
+  if (f.Given("steps") && f.steps < 1)
+    return strata::InvalidArgument("--steps " + std::to_string(f.steps) + ": must be at least 1");
+  if (f.Given("save-every") && f.save_every < 1)
+    return strata::InvalidArgument("--save-every " + std::to_string(f.save_every) +
+                                   ": must be at least 1 (leave it out to save only at the end)");
+  if (f.Given("save-every") && !f.Given("save"))
+    return strata::InvalidArgument("--save-every needs --save DIR (where the checkpoints go)");
+  if (f.Given("threads") && (f.threads < 0 || f.threads > 4096))
+    return strata::InvalidArgument("--threads " + std::to_string(f.threads) + ": must be from 0 (all) to 4096");
+  if (f.threads > 0 && static_cast<unsigned>(f.threads) > std::thread::hardware_concurrency())
+    std::cerr << "warning: --threads " << f.threads << " is more than the " << std::thread::hardware_concurrency()
+              << " CPUs here: the threads will share them\n";
+  if (f.backend != "auto" && f.backend != "cpu" && f.backend != "cuda")
+    return strata::InvalidArgument("--backend \"" + f.backend + "\" is not allowed (allowed: auto, cpu, cuda)");
+  if (f.Given("resume") && f.Given("init-from"))
+    return strata::InvalidArgument("--resume and --init-from exclude each other (a checkpoint has its own weights)");
+  if (f.allow_config_change && !f.Given("resume"))
+    return strata::InvalidArgument("--allow-config-change is for --resume");
+  if (f.Given("config")) RETURN_IF_ERROR(CheckPathFlag("--config", f.config_path, false, false));
+  if (f.Given("data")) {
+    RETURN_IF_ERROR(CheckPathFlag("--data", f.data, false, false));
+    // The path is recorded in checkpoints' manifests (JSON, UTF-8).
+    if (!strata::IsUtf8(f.data))
+      return strata::InvalidArgument("--data: the path is not valid UTF-8: " + strata::PrintableText(f.data));
+  }
+  if (f.Given("init-from")) RETURN_IF_ERROR(CheckPathFlag("--init-from", f.init_from, false, true));
+  if (f.Given("log-json")) RETURN_IF_ERROR(CheckPathFlag("--log-json", f.log_json, false, false));
+  if (f.Given("save")) RETURN_IF_ERROR(CheckPathFlag("--save", f.save, true, false));
+  if (f.Given("resume")) RETURN_IF_ERROR(CheckPathFlag("--resume", f.resume, true, true));
+  return strata::Status::OK();
+}
+
+// The config: the file's, read with what the command line knows ("auto"
+// values, the model of --init-from), or the built-in demo.
+strata::Result<strata::Config> ConfigFrom(const TrainFlags& f) {
+  strata::ConfigSources sources;
+  sources.steps = f.Given("steps") ? f.steps : -1;
+  std::optional<strata::WeightsModel> weights;
+  if (!f.init_from.empty()) {
+    ASSIGN_OR_RETURN(strata::WeightsModel w, strata::ModelFromHfWeights(f.init_from));
+    sources.model_dtype = w.dtype;
+    sources.model = w.model;
+    weights = w;
+  }
+  if (f.config_path.empty()) {
+    strata::Config c = strata::DefaultConfig();
+    if (weights) {
+      c.model = weights->model;
+      std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
+    }
+    return c;
+  }
+  sources.require_model = f.init_from.empty();
+  std::vector<std::string> warnings;
+  auto c = strata::LoadConfig(f.config_path, sources, &warnings);
   for (const auto& w : warnings) std::cerr << "warning: " << w << "\n";
+  return c;
+}
+
+// The run the flags ask for.
+strata::Result<strata::TrainOptions> TrainOptionsFrom(const TrainFlags& f) {
+  RETURN_IF_ERROR(CheckTrainFlags(f));
+  strata::TrainOptions o;
+  ASSIGN_OR_RETURN(o.config, ConfigFrom(f));
   if (!f.data.empty()) o.config.data.path = f.data;
   o.default_data = DefaultData();
-  o.steps = f.steps;
+  o.steps = f.Given("steps") ? f.steps : -1;
   o.save_dir = f.save;
   o.save_every = f.save_every;
   o.resume_dir = f.resume;
   o.init_from = f.init_from;
-  if (!f.resume.empty() && !f.init_from.empty())
-    return strata::InvalidArgument("--resume and --init-from exclude each other (a checkpoint has its own weights)");
   o.log_json = f.log_json;
   o.backend = f.backend;
   o.cpu_threads = f.threads;
   o.optimizer_after_backward = f.after_backward;
   o.speculative_update = !f.no_speculation;
   o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
-  if (f.steps == 0) return strata::InvalidArgument("--steps must be at least 1");
-  if (f.save_every < 0) return strata::InvalidArgument("--save-every must not be negative");
   for (auto [text, out, flag] : {std::tuple{&f.gpu_limit, &o.gpu_memory_limit, "--gpu-memory-limit"},
                                  std::tuple{&f.host_limit, &o.host_memory_limit, "--host-memory-limit"}}) {
-    if (text->empty()) continue;
+    if (!f.Given(flag + 2)) continue;
     auto b = strata::ParseBytes(*text);
     if (!b.ok()) return b.status().WithContext(flag);
+    if (*b == 0)
+      return strata::InvalidArgument(std::string(flag) + " " + *text +
+                                     ": must be more than 0 (leave it out for the default)");
     *out = *b;
   }
   return o;
 }
 
+// Before a resume: the checkpoint must have steps left to train, and the
+// run's config may change only what keeps the uninterrupted run's bits
+// unless --allow-config-change. Returns false (and says why) when there is
+// nothing to do.
+strata::Result<bool> CheckResume(const strata::TrainOptions& o, bool allow_change) {
+  ASSIGN_OR_RETURN(strata::CheckpointManifest m, strata::ReadCheckpointManifest(o.resume_dir));
+  const int64_t total = strata::TotalSteps(o);
+  const std::string steps_from = o.steps >= 0 ? "--steps" : "trainer.steps";
+  if (m.step > total)
+    return strata::InvalidArgument("--resume " + m.path + " is at step " + std::to_string(m.step) +
+                                   ", past the run's " + std::to_string(total) + " steps (" + steps_from +
+                                   "): nothing to train; give --steps above " + std::to_string(m.step));
+  if (m.step == total) {
+    std::cerr << "strata: nothing to train: " << m.path << " is at step " << m.step << ", the run's last ("
+              << steps_from << " " << total << "); give --steps above " << m.step << " to train further\n";
+    return false;
+  }
+  if (m.config.is_null()) return true;
+  std::vector<strata::ConfigChange> changes = strata::ConfigChanges(m.config, strata::ConfigToJson(o.config));
+  std::string breaking;
+  for (const strata::ConfigChange& c : changes) {
+    std::cerr << "resume: config change: " << strata::DescribeChange(c) << "\n";
+    if (c.breaks_identity) breaking += "\n  " + strata::DescribeChange(c);
+  }
+  if (!breaking.empty() && !allow_change)
+    return strata::InvalidArgument("--resume " + m.path +
+                                   ": the run's config changes what the checkpoint was trained with, so the resumed "
+                                   "run would not continue it bit for bit:" +
+                                   breaking + "\npass --allow-config-change to resume with the changes");
+  return true;
+}
+
 int Train(int argc, char** argv) {
   TrainFlags f;
   const po::options_description desc = TrainFlagsDescription(&f);
-  po::variables_map vm;
-  try {
-    po::store(po::command_line_parser(argc, argv).options(desc).run(), vm);
-    if (vm.count("help")) {
-      std::cout << "usage: strata train [options]\n" << desc << "\n";
-      return 0;
-    }
-    po::notify(vm);
-  } catch (const std::exception& e) {
-    std::cerr << "strata train: " << e.what() << "\n";
-    return Usage(std::cerr, 2);
+  if (strata::Status s = ParseTrainFlags(argc, argv, desc, &f); !s.ok()) {
+    std::cerr << s.message() << "\n";
+    return 2;
+  }
+  if (f.given.count("help")) {
+    std::cout << "usage: strata train [options]\n" << desc << "\n";
+    return 0;
   }
   // Started by a multi-process launcher: each process would train the whole
   // model alone (and write the same checkpoints). Refuse before anything.
@@ -155,15 +349,22 @@ int Train(int argc, char** argv) {
   auto o = TrainOptionsFrom(f);
   if (!o.ok()) return Fail(o.status());
   o->argv.assign(argv - 1, argv + argc);  // the JSON log's record of the command line ("strata", "train", ...)
+  if (!o->resume_dir.empty()) {
+    auto go = CheckResume(*o, f.allow_config_change);
+    if (!go.ok()) return Fail(go.status());
+    if (!*go) return 0;
+  }
+  const std::string stage = "plan: " + strata::ZeroStageNote(o->config) + "\n";
   if (f.dry_run) {
     auto plan = strata::Trainer::DryRun(*o);
     if (!plan.ok()) return Fail(plan.status());
-    std::cout << *plan;
+    std::cout << stage << *plan;
     return 0;
   }
   strata::InstallStopSignalHandlers();  // engine/signals.h: a signal ends the step, saves, exits 128 + N
   auto t = strata::Trainer::Create(*o, std::cerr);
   if (!t.ok()) return Fail(t.status());
+  std::cout << stage;
   strata::Status s = (*t)->Run(std::cout);
   if (!s.ok()) return Fail(s);
   return 0;
@@ -176,12 +377,14 @@ int main(int argc, char** argv) {
   std::string cmd = argv[1];
   if (cmd == "-h" || cmd == "--help" || cmd == "help") return Usage(std::cout, 0);
   if (cmd == "--version" || cmd == "version") {
-    std::cout << "strata 0.1.0\n";
+    std::cout << VersionText();
     return 0;
   }
   if (cmd == "train") return Train(argc - 1, argv + 1);
   if (cmd == "report") return strata::RunReportCommand(argc - 1, argv + 1);
   if (cmd == "plot") return strata::RunPlotCommand(argc - 1, argv + 1);
-  std::cerr << "strata: unknown command '" << cmd << "'\n";
+  const std::string near = Nearest(cmd, {"train", "report", "plot", "--version", "--help"});
+  std::cerr << "strata: unknown command '" << strata::PrintableText(cmd) << "'"
+            << (near.empty() ? "" : "; did you mean '" + near + "'?") << "\n";
   return Usage(std::cerr, 2);
 }

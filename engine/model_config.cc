@@ -1,5 +1,12 @@
 #include "engine/model_config.h"
 
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/config_json.h"
+#include "engine/safetensors.h"
 #include "models/gpt2.h"
 
 namespace strata {
@@ -26,6 +33,69 @@ DType ComputeDType(const Config& c) {
 double ModelFlopsPerToken(const models::ModelSpec& m, int64_t seq) {
   return 6.0 * static_cast<double>(m.NumParameters()) +
          12.0 * static_cast<double>(m.n_layer) * static_cast<double>(m.d_model) * static_cast<double>(seq);
+}
+
+namespace {
+
+// "n_head" of the config.json beside `weights`, or 0.
+int HeadsFromConfigJson(const std::string& weights, std::string* from) {
+  const size_t slash = weights.rfind('/');
+  const std::string path = (slash == std::string::npos ? "" : weights.substr(0, slash + 1)) + "config.json";
+  Result<std::string> text = ReadConfigText(path);
+  if (!text.ok()) return 0;
+  Result<nlohmann::json> j = ParseConfigJson(*text, path);
+  if (!j.ok() || !j->is_object()) return 0;
+  for (const char* key : {"n_head", "num_attention_heads"}) {
+    auto it = j->find(key);
+    if (it != j->end() && it->is_number_integer() && it->get<int64_t>() > 0 && it->get<int64_t>() < (1 << 14)) {
+      *from = path + " (" + key + ")";
+      return static_cast<int>(it->get<int64_t>());
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+Result<WeightsModel> ModelFromHfWeights(const std::string& path) {
+  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+  std::string prefix;
+  const SafetensorsEntry* wte = f.Find("wte.weight");
+  if (!wte) {
+    prefix = "transformer.";
+    wte = f.Find(prefix + "wte.weight");
+  }
+  if (!wte) return NotFound("no GPT-2 token embedding (wte.weight or transformer.wte.weight) in " + path);
+  const SafetensorsEntry* wpe = f.Find(prefix + "wpe.weight");
+  if (!wpe) return NotFound("no GPT-2 position embedding (" + prefix + "wpe.weight) in " + path);
+  if (wte->shape.rank() != 2 || wpe->shape.rank() != 2 || wte->shape[1] != wpe->shape[1])
+    return InvalidArgument(path + ": wte " + wte->shape.ToString() + " and wpe " + wpe->shape.ToString() +
+                           " are not [vocab, d] and [positions, d] of one width");
+  std::set<int64_t> layers;
+  const std::string h = prefix + "h.";
+  for (const SafetensorsEntry& e : f.entries()) {
+    if (e.name.rfind(h, 0) != 0) continue;
+    const size_t dot = e.name.find('.', h.size());
+    const std::string n = e.name.substr(h.size(), dot == std::string::npos ? std::string::npos : dot - h.size());
+    if (!n.empty() && n.size() < 6 && n.find_first_not_of("0123456789") == std::string::npos) layers.insert(std::stoll(n));
+  }
+  if (layers.empty()) return NotFound("no transformer blocks (" + h + "<l>.*) in " + path);
+  WeightsModel w;
+  w.model.n_layer = static_cast<int>(*layers.rbegin() + 1);
+  w.model.n_embd = static_cast<int>(wte->shape[1]);
+  w.model.vocab_size = static_cast<int>(wte->shape[0]);
+  w.model.seq_len = static_cast<int>(wpe->shape[0]);
+  w.model.n_head = HeadsFromConfigJson(path, &w.n_head_from);
+  // The heads change no tensor's shape: guessing them would train another
+  // model without a word.
+  if (w.model.n_head == 0)
+    return InvalidArgument(path + ": the weights do not say their number of heads and no config.json beside them "
+                           "does (n_head); put the model's config.json there, or give the model section");
+  if (w.model.n_embd % w.model.n_head)
+    return InvalidArgument(w.n_head_from + ": n_head " + std::to_string(w.model.n_head) + " does not divide the "
+                           "weights' width " + std::to_string(w.model.n_embd));
+  w.dtype = wte->dtype == DType::kBF16 ? "bf16" : wte->dtype == DType::kF16 ? "fp16" : "fp32";
+  return w;
 }
 
 }  // namespace strata

@@ -5,6 +5,8 @@
 // Thread-safety: free functions.
 #pragma once
 
+#include <string>
+
 #include "base/dtype.h"
 #include "base/status.h"
 #include "engine/config.h"
@@ -14,6 +16,21 @@ namespace strata {
 
 // InvalidArgument naming "<source>: model" and the field when the section is off.
 Result<models::ModelSpec> ModelSpecFor(const Config& c);
+
+// The model that Hugging Face GPT-2 weights are (a model.safetensors, for a
+// config without a "model" section and --init-from): the layers, width,
+// vocabulary and positions from the tensors' shapes (wte, wpe, h.<l>.*, with
+// or without the "transformer." prefix), the heads from the config.json
+// beside the file ("n_head" or "num_attention_heads": without it an error,
+// as the heads change no shape and a guess would train another model), and
+// the weights' dtype ("bf16", "fp16", "fp32"). `n_head_from` says where the
+// heads came from. Errors name the file and the tensor.
+struct WeightsModel {
+  ModelConfig model;
+  std::string dtype;
+  std::string n_head_from;
+};
+Result<WeightsModel> ModelFromHfWeights(const std::string& path);
 
 // bf16, fp16 or fp32: the parameters' and activations' dtype.
 DType ComputeDType(const Config& c);

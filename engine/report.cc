@@ -324,6 +324,12 @@ void NvmeSection(std::vector<ReportLine>* out, const ReportOptions& o) {
 
 }  // namespace
 
+std::vector<ReportLine> BuildFacts() {
+  std::vector<ReportLine> out;
+  StrataSection(&out);
+  return out;
+}
+
 std::vector<ReportLine> CollectReport(const ReportOptions& options) {
   std::vector<ReportLine> lines;
   StrataSection(&lines);

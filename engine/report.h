@@ -39,6 +39,10 @@ struct ReportOptions {
   std::string config_path;              // --config: its zero_optimization.offload_*.nvme_path
 };
 
+// The report's "strata" section alone (version, build type, CUDA code,
+// compiler, libraries): what `strata --version` prints. Touches nothing.
+std::vector<ReportLine> BuildFacts();
+
 // The lines of the report. A config that cannot be read becomes a problem
 // line of its own (the rest is still collected).
 std::vector<ReportLine> CollectReport(const ReportOptions& options);

@@ -13,9 +13,11 @@ namespace {
 
 using ::strata::testing::StatusIs;
 
-// `"aio": {...}` pasted into an otherwise empty ds_config.
+// `"aio": {...}` pasted into a ds_config that has only a batch size (which
+// DeepSpeed and strata require).
 Result<Config> ParsePasted(const std::string& block) {
-  nlohmann::json j = nlohmann::json::parse("{" + block + "}", nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j = nlohmann::json::parse("{\"train_micro_batch_size_per_gpu\": 1, " + block + "}", nullptr,
+                                           /*allow_exceptions=*/false);
   if (j.is_discarded()) return InvalidArgument("not JSON once pasted: " + block);
   std::vector<std::string> warnings;
   return ParseConfig(j, "pasted", 1, &warnings);

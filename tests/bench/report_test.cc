@@ -79,8 +79,9 @@ TEST(Report, TheConfigsNvmePathIsProbed) {
   TempDir dir;
   {
     std::ofstream f(dir.File("ds.json"));
-    f << "{\"zero_optimization\": {\"offload_optimizer\": {\"device\": \"nvme\", \"nvme_path\": \"" << dir.path()
-      << "\"}}}";
+    f << "{\"train_micro_batch_size_per_gpu\": 1, \"zero_optimization\": {\"offload_optimizer\": {\"device\": "
+         "\"nvme\", \"nvme_path\": \""
+      << dir.path() << "\"}}}";
   }
   const auto lines = CollectReport(ReportOptions{{}, dir.File("ds.json")});
   EXPECT_NE(Find(lines, "NVMe paths", dir.path()), nullptr);

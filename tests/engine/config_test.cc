@@ -15,8 +15,17 @@ using ::testing::AllOf;
 using ::testing::HasSubstr;
 using json = nlohmann::json;
 
+// DeepSpeed requires a batch size (Config.ABatchSizeIsRequired); the tests
+// about other keys get micro batch 1 when they give none.
+json WithBatch(json j) {
+  if (j.is_object() && !j.contains("train_batch_size") && !j.contains("train_micro_batch_size_per_gpu") &&
+      !j.contains("gradient_accumulation_steps"))
+    j["train_micro_batch_size_per_gpu"] = 1;
+  return j;
+}
+
 Result<Config> Parse(const std::string& text, std::vector<std::string>* warnings = nullptr, int world = 1) {
-  return ParseConfig(json::parse(text), "ds.json", world, warnings);
+  return ParseConfig(WithBatch(json::parse(text)), "ds.json", world, warnings);
 }
 
 std::string Err(const std::string& text, int world = 1) {
@@ -62,12 +71,13 @@ TEST(Config, ReadsARealZero3OffloadConfig) {
   EXPECT_EQ(c.zero.offload_optimizer.nvme_path, "/local_nvme");
   EXPECT_TRUE(c.zero.offload_optimizer.pipeline_read);
   EXPECT_EQ(c.zero.prefetch_bucket_size, 50'000'000u);
-  EXPECT_EQ(c.zero.param_persistence_threshold, 100'000u);  // "auto" keeps the default
+  EXPECT_EQ(c.zero.param_persistence_threshold, 640u);  // "auto": 10 × n_embd, as the HF Trainer sets it
   EXPECT_EQ(c.aio.intra_op_parallelism, 2);
   EXPECT_TRUE(c.activation_checkpointing.cpu_checkpointing);
   EXPECT_EQ(c.model.vocab_size, 50257);
-  // One warning per ignored DeepSpeed key, each naming it.
-  ASSERT_EQ(warnings.size(), 4u);
+  // One warning per ignored DeepSpeed key, each naming it, and one for the
+  // tuned ZeRO knobs (which the planner supersedes).
+  ASSERT_EQ(warnings.size(), 5u);
   std::string all;
   for (auto& w : warnings) all += w + "\n";
   EXPECT_THAT(all, HasSubstr("zero_optimization.contiguous_gradients"));
@@ -132,8 +142,9 @@ TEST(Config, BatchSizeRule) {
   EXPECT_EQ(b.micro_batch, 16);
   ASSERT_OK_AND_ASSIGN(Config c, Parse(R"({"train_micro_batch_size_per_gpu": 3, "gradient_accumulation_steps": 5})"));
   EXPECT_EQ(c.train_batch_size, 15);
-  ASSERT_OK_AND_ASSIGN(Config d, Parse(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": "auto"})"));
-  EXPECT_EQ(d.train_batch_size, 2);
+  // "auto" with the other two given is derived by the rule.
+  ASSERT_OK_AND_ASSIGN(Config d, Parse(R"({"train_batch_size": "auto", "train_micro_batch_size_per_gpu": 2, "gradient_accumulation_steps": 3})"));
+  EXPECT_EQ(d.train_batch_size, 6);
   std::string e = Err(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4, "gradient_accumulation_steps": 8})");
   EXPECT_THAT(e, AllOf(HasSubstr("train_batch_size"), HasSubstr("inconsistent"), HasSubstr("30 vs 4 × 8 × 1")));
   EXPECT_THAT(Err(R"({"train_batch_size": 30, "train_micro_batch_size_per_gpu": 4})"), HasSubstr("not divisible"));
@@ -436,7 +447,8 @@ TEST(Config, MissingRequiredSchedulerParamIsAnErrorNamingIt) {
   for (const auto& [type, names] : required) {
     json all = json::object();
     for (const auto& n : names) all[n] = 5000;
-    EXPECT_OK(ParseConfig({{"scheduler", {{"type", type}, {"params", all}}}}, "ds.json", 1, nullptr).status()) << type;
+    EXPECT_OK(ParseConfig(WithBatch({{"scheduler", {{"type", type}, {"params", all}}}}), "ds.json", 1, nullptr).status())
+        << type;
     for (const auto& n : names) {
       json params = all;
       params.erase(n);
@@ -448,36 +460,70 @@ TEST(Config, MissingRequiredSchedulerParamIsAnErrorNamingIt) {
             "ds.json: scheduler.params.cycle_min_lr: required for scheduler OneCycle");  // the first, in table order
 }
 
-// DefaultConfig() is the struct defaults under its own name, and so is an
-// empty config file: neither has a copy of the defaults of its own.
-TEST(Config, DefaultConfigIsTheStructDefaults) {
-  Config d = DefaultConfig();
-  EXPECT_EQ(d.source, "(built-in default)");  // the one deliberate difference
-  d.source = Config{}.source;
-  EXPECT_TRUE(d == Config{});
-  EXPECT_EQ(ConfigToJson(DefaultConfig()), ConfigToJson(Config{}));
-  ASSERT_OK_AND_ASSIGN(Config e, Parse("{}"));
+// A config file's missing keys mean what they mean to DeepSpeed: the struct
+// defaults, which are DeepSpeed's (config.h). A file with only a batch size
+// is Config{}.
+TEST(Config, AFileWithOnlyABatchSizeIsTheStructDefaults) {
+  ASSERT_OK_AND_ASSIGN(Config e, ParseConfig(json{{"train_micro_batch_size_per_gpu", 1}}, "ds.json", 1, nullptr));
   EXPECT_EQ(e.source, "ds.json");
   e.source = Config{}.source;
   EXPECT_TRUE(e == Config{});
 }
 
-// The defaults that are not DeepSpeed's, as they are (config.h says why).
-TEST(Config, DefaultsThatAreNotDeepSpeeds) {
+// The defaults are DeepSpeed's (its code's: constants.py, the ZeRO config's
+// fields, torch's Adam), but the two the comments in config.h give.
+TEST(Config, DefaultsAreDeepSpeeds) {
   const Config c;
-  EXPECT_EQ(c.micro_batch, 8);  // DeepSpeed requires a batch size
+  EXPECT_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_EQ(c.optimizer.beta2, 0.999);
+  EXPECT_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.optimizer.weight_decay, 0);
+  EXPECT_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_EQ(c.gradient_clipping, 0);  // GRADIENT_CLIPPING_DEFAULT (the docs' table says 1.0)
+  EXPECT_EQ(c.steps_per_print, 10);
+  EXPECT_EQ(c.zero.stage, 0);
+  EXPECT_EQ(c.zero.offload_param.buffer_count, 5);
+  EXPECT_EQ(c.zero.offload_optimizer.buffer_count, 4);
   EXPECT_EQ(c.grad_accum, 1);
-  EXPECT_EQ(c.train_batch_size, 8);
-  EXPECT_EQ(c.optimizer.beta2, 0.95);  // DeepSpeed: 0.999
-  EXPECT_EQ(c.optimizer.weight_decay, 0.1);  // DeepSpeed: 0
-  EXPECT_EQ(c.gradient_clipping, 1.0);  // DeepSpeed: 0
-  EXPECT_EQ(c.steps_per_print, 5);  // DeepSpeed: 10
+  EXPECT_EQ(c.fp16.initial_scale_power, 16);
+  EXPECT_EQ(c.fp16.loss_scale_window, 1000);
+  EXPECT_EQ(c.fp16.hysteresis, 2);
+  EXPECT_EQ(c.fp16.min_loss_scale, 1);
+  EXPECT_EQ(c.aio.block_size, 1u << 20);
+  EXPECT_EQ(c.aio.queue_depth, 8);
+  // strata's: pinned host memory (speed only), and AdamW when there is no
+  // optimizer section (DeepSpeed would use the client's).
+  EXPECT_TRUE(c.zero.offload_optimizer.pin_memory);
+  EXPECT_EQ(c.optimizer.type, "AdamW");
 }
 
-// configs/default.json writes out the built-in demo (with the corpus's path).
+// The built-in demo sets GPT training's usual values where they are not
+// DeepSpeed's, and only those.
+TEST(Config, TheDemoSetsItsOwnValues) {
+  Config d = DefaultConfig();
+  EXPECT_EQ(d.source, "(built-in default)");
+  EXPECT_EQ(d.micro_batch, 8);
+  EXPECT_EQ(d.train_batch_size, 8);
+  EXPECT_EQ(d.grad_accum, 1);
+  EXPECT_EQ(d.optimizer.beta2, 0.95);
+  EXPECT_EQ(d.optimizer.weight_decay, 0.1);
+  EXPECT_EQ(d.gradient_clipping, 1.0);
+  EXPECT_EQ(d.steps_per_print, 5);
+  Config back = d;
+  back.source = Config{}.source;
+  back.train_batch_size = back.micro_batch = 1;
+  back.optimizer = OptimizerConfig{};
+  back.gradient_clipping = 0;
+  back.steps_per_print = 10;
+  EXPECT_TRUE(back == Config{});
+}
+
+// configs/default.json writes out the built-in demo; its data path is
+// relative to its folder.
 TEST(Config, DefaultJsonIsTheBuiltInDemo) {
-  ASSERT_OK_AND_ASSIGN(Config c, LoadConfig(std::string(STRATA_SOURCE_DIR) + "/configs/default.json", 1, nullptr));
-  EXPECT_EQ(c.data.path, "data/kjv.txt");
+  const std::string path = std::string(STRATA_SOURCE_DIR) + "/configs/default.json";
+  ASSERT_OK_AND_ASSIGN(Config c, LoadConfig(path, 1, nullptr));
+  EXPECT_EQ(c.data.path, std::string(STRATA_SOURCE_DIR) + "/configs/../data/kjv.txt");
   Config d = DefaultConfig();
   d.source = c.source;
   d.data.path = c.data.path;

@@ -1,6 +1,9 @@
 #include "engine/data.h"
 
+#include <sys/stat.h>
+
 #include <fstream>
+#include <utility>
 
 #include "tests/test_util.h"
 
@@ -96,7 +99,9 @@ TEST(Data, TruncatedLlmcFileIsDataLoss) {
   EXPECT_THAT(r.status().ToString(), AllOf(HasSubstr("500"), HasSubstr(p)));
 }
 
-TEST(Data, TokenOutsideVocabularyNamesOffset) {
+// Regression: a token id outside the vocabulary was found mid-run; it is
+// found when the loader opens, before the first step, naming the offset.
+TEST(Data, TokenOutsideVocabularyIsFoundBeforeTheFirstStep) {
   TempDir dir;
   std::vector<uint16_t> toks(100, 3);
   toks[5] = 999;
@@ -106,11 +111,101 @@ TEST(Data, TokenOutsideVocabularyNamesOffset) {
   cfg.path = p;
   cfg.sampling = "sequential";
   cfg.val_fraction = 0;
-  ASSERT_OK_AND_ASSIGN(auto d, DataLoader::Open(cfg, "", 512, 1, 8));
-  std::vector<int32_t> x(8), y(8);
-  Status s = d->NextTrain(x.data(), y.data());
-  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
-  EXPECT_THAT(s.ToString(), AllOf(HasSubstr("999"), HasSubstr("byte offset 1034"), HasSubstr(p)));
+  auto r = DataLoader::Open(cfg, "", 512, 1, 8);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().ToString(),
+              AllOf(HasSubstr("999"), HasSubstr("byte offset 1034"), HasSubstr(p), HasSubstr("before the first step")));
+  // Within the vocabulary it opens, and says what it checked.
+  ASSERT_OK_AND_ASSIGN(auto d, DataLoader::Open(cfg, "", 1000, 1, 8));
+  EXPECT_THAT(d->Describe(), HasSubstr("every token id checked < vocab_size 1000"));
+}
+
+// Regression: an llm.c token file with a wrong magic was read as raw uint16,
+// header included.
+TEST(Data, LlmcHeaderWithAWrongMagicIsAnError) {
+  TempDir dir;
+  std::vector<uint16_t> toks(300, 7);
+  for (const char* name : {"bad.bin", "bad.dat"}) {
+    std::string p = dir.File(name);
+    WriteLlmc(p, toks);
+    {
+      std::fstream f(p, std::ios::in | std::ios::out | std::ios::binary);
+      const int32_t magic = 20240521;  // one bit off
+      f.write(reinterpret_cast<const char*>(&magic), 4);
+    }
+    for (const char* format : {"auto", "tokens"}) {
+      auto r = TokenFile::Open(p, format);
+      EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << name << " " << format;
+      EXPECT_THAT(r.status().ToString(), AllOf(HasSubstr(p), HasSubstr("magic 20240521"), HasSubstr("300 tokens")));
+    }
+    // Asked for as text, it is text (the bytes are the tokens).
+    EXPECT_OK(TokenFile::Open(p, "text").status());
+  }
+}
+
+TEST(Data, OtherLlmcFilesAreNamed) {
+  TempDir dir;
+  const std::pair<int32_t, const char*> cases[] = {{20240326, "model checkpoint"},
+                                                   {20240328, "tokenizer"},
+                                                   {20240801, "uint32 token file"}};
+  for (const auto& [magic, what] : cases) {
+    std::string p = dir.File("f" + std::to_string(magic) + ".bin");
+    std::vector<int32_t> header(256 + 64, 0);
+    header[0] = magic;
+    header[1] = 3;
+    std::ofstream(p, std::ios::binary).write(reinterpret_cast<const char*>(header.data()), header.size() * 4);
+    auto r = TokenFile::Open(p, "auto");
+    EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << magic;
+    EXPECT_THAT(r.status().ToString(), HasSubstr(what));
+  }
+}
+
+// The format is detected from the header whatever the name, and stated with
+// why; a raw token file needs .bin or data.format "tokens".
+TEST(Data, FormatIsDetectedAndStated) {
+  TempDir dir;
+  std::vector<uint16_t> toks(400);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint16_t>(i * 37 % 5000);
+  std::string named = dir.File("shard.tokens");
+  WriteLlmc(named, toks);
+  ASSERT_OK_AND_ASSIGN(auto a, TokenFile::Open(named, "auto"));
+  EXPECT_EQ(a->format(), TokenFile::Format::kLlmc);
+  EXPECT_THAT(a->format_reason(), HasSubstr("detected from its header"));
+  std::string raw = dir.File("raw.u16");
+  std::ofstream(raw, std::ios::binary).write(reinterpret_cast<const char*>(toks.data()), 800);
+  ASSERT_OK_AND_ASSIGN(auto b, TokenFile::Open(raw, "tokens"));
+  EXPECT_EQ(b->format(), TokenFile::Format::kRawU16);
+  EXPECT_THAT(b->format_reason(), HasSubstr("data.format \"tokens\""));
+  // Without either it is text, with a warning that it looks like tokens.
+  ASSERT_OK_AND_ASSIGN(auto c, TokenFile::Open(raw, "auto"));
+  EXPECT_EQ(c->format(), TokenFile::Format::kText);
+  ASSERT_EQ(c->warnings().size(), 1u);
+  EXPECT_THAT(c->warnings()[0], AllOf(HasSubstr(raw), HasSubstr("control bytes"), HasSubstr("data.format \"tokens\"")));
+  DataConfig cfg;
+  cfg.path = raw;
+  cfg.val_fraction = 0;
+  ASSERT_OK_AND_ASSIGN(auto d, DataLoader::Open(cfg, "", 50304, 1, 8));
+  EXPECT_THAT(d->Describe(), AllOf(HasSubstr("(text, byte-level tokens; no llm.c header, not .bin)"),
+                                   HasSubstr("\nwarning: " + raw)));
+  // Real text says nothing.
+  ASSERT_OK_AND_ASSIGN(auto t, TokenFile::Open(testing::SourcePath("data/kjv.txt"), "auto"));
+  EXPECT_TRUE(t->warnings().empty());
+}
+
+// Regression: a FIFO as --data blocked in open() forever.
+TEST(Data, AFifoOrADirectoryIsAnErrorNotAHang) {
+  TempDir dir;
+  const std::string fifo = dir.File("pipe");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  auto r = TokenFile::Open(fifo, "auto");
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().ToString(), AllOf(HasSubstr(fifo), HasSubstr("FIFO"), HasSubstr("regular file")));
+  auto d = TokenFile::Open(dir.path(), "auto");
+  EXPECT_THAT(d, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(d.status().ToString(), HasSubstr("is a directory"));
+  auto z = TokenFile::Open("/dev/zero", "auto");
+  EXPECT_THAT(z, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(z.status().ToString(), HasSubstr("character device"));
 }
 
 TEST(Data, TooShortAndMissingFiles) {
