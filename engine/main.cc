@@ -190,7 +190,8 @@ strata::Status CheckPathFlag(const char* flag, const std::string& path, bool wan
     return strata::Status::OK();
   }
   if (want_dir && !S_ISDIR(st.st_mode))
-    return strata::InvalidArgument(std::string(flag) + " " + path + " is not a directory");
+    return strata::InvalidArgument(std::string(flag) + " " + path + " is " +
+                                   (S_ISREG(st.st_mode) ? "a file" : "not a directory") + "; give a directory");
   if (!want_dir && S_ISDIR(st.st_mode))
     return strata::InvalidArgument(std::string(flag) + " " + path + " is a directory; give a file");
   if (!want_dir && !S_ISREG(st.st_mode))

@@ -40,7 +40,7 @@ std::string WallTimeNow() {
   const auto ms = duration_cast<milliseconds>(now.time_since_epoch()).count() % 1000;
   std::tm tm{};
   gmtime_r(&t, &tm);
-  char b[40];
+  char b[64];  // (room for any int the fields could hold: GCC checks the worst case)
   std::snprintf(b, sizeof b, "%04d-%02d-%02dT%02d:%02d:%02d.%03lldZ", tm.tm_year + 1900, tm.tm_mon + 1, tm.tm_mday,
                 tm.tm_hour, tm.tm_min, tm.tm_sec, static_cast<long long>(ms));
   return b;

@@ -235,8 +235,8 @@ Status WriteAll(int fd, const void* data, size_t bytes, const std::string& path,
 }
 
 Status SyncParentDir(const std::string& path) {
-  std::string dir = std::filesystem::path(path).parent_path().string();
-  if (dir.empty()) dir = ".";
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open directory to fsync", dir);
   Status s = ::fsync(fd) == 0 ? Status::OK() : ErrnoStatus("fsync of directory failed", dir);

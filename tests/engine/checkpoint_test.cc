@@ -50,9 +50,13 @@ void TrainAndSave(const TrainOptions& o, int64_t steps, const std::string& dir, 
   ASSERT_OK(t.status());
   for (int64_t i = 0; i < steps; ++i) {
     ASSERT_OK((*t)->Step().status());
-    if (every) ASSERT_OK((*t)->Save(dir));
+    if (every) {
+      ASSERT_OK((*t)->Save(dir));
+    }
   }
-  if (!every) ASSERT_OK((*t)->Save(dir));
+  if (!every) {
+    ASSERT_OK((*t)->Save(dir));
+  }
 }
 
 Status Resume(const std::string& dir, std::string* log_text = nullptr) {

@@ -142,7 +142,7 @@ TEST(TrainPreflight, SaveToAFileFailsBeforeTheFirstStep) {
     if (dry) more.push_back("--dry-run");
     const CommandResult r = RunCommand(Train(WriteConfig(dir, 5), more));
     EXPECT_EQ(r.rc, 2) << r.output;
-    EXPECT_THAT(r.output, HasSubstr(file + " is a file"));
+    EXPECT_THAT(r.output, HasSubstr("--save " + file + " is a file; give a directory"));
     EXPECT_THAT(r.output, ::testing::Not(HasSubstr("step 1/")));
   }
 }
