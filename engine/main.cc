@@ -355,17 +355,15 @@ int Train(int argc, char** argv) {
     if (!go.ok()) return Fail(go.status());
     if (!*go) return 0;
   }
-  const std::string stage = "plan: " + strata::ZeroStageNote(o->config) + "\n";
   if (f.dry_run) {
     auto plan = strata::Trainer::DryRun(*o);
     if (!plan.ok()) return Fail(plan.status());
-    std::cout << stage << *plan;
+    std::cout << *plan;
     return 0;
   }
   strata::InstallStopSignalHandlers();  // engine/signals.h: a signal ends the step, saves, exits 128 + N
   auto t = strata::Trainer::Create(*o, std::cerr);
   if (!t.ok()) return Fail(t.status());
-  std::cout << stage;
   strata::Status s = (*t)->Run(std::cout);
   if (!s.ok()) return Fail(s);
   return 0;

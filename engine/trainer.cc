@@ -180,7 +180,6 @@ Status Trainer::Impl::SetUpOptimizer() {
   if (run.mode.during_backward || run.mode.speculative) {
     ASSIGN_OR_RETURN(counts, GradientCounts::Create(store->host_tier(), state->size(), !cuda()));
   }
-  *log << "optimizer update: " << run.mode.why << "\n";
   OptimizerPool::Options po;
   po.update_mode = run.mode.why;
   po.assist_takes_all = opt.assist_takes_all;
@@ -280,6 +279,7 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   RETURN_IF_ERROR(PreflightChecks(options, run, tiers, spec, cuda, &warnings));
   std::ostringstream os;
   for (const std::string& w : warnings) os << "warning: " << w << "\n";
+  os << ZeroStageNote(cfg) << "\n";
   os << "model: " << spec.n_layer << " layers, d " << spec.d_model << ", " << spec.n_head << " heads, vocab "
      << spec.vocab_size << " (padded " << spec.padded_vocab << "), seq " << cfg.model.seq_len << "; "
      << spec.NumParameters() << " parameters, " << cfg.precision() << "\n";

@@ -47,6 +47,7 @@ Status Trainer::Run(std::ostream& out) {
       << I.spec.vocab_size << ", seq " << c.model.seq_len << ": " << I.spec.NumParameters() << " parameters, "
       << c.precision() << "; batch " << c.micro_batch << " x " << c.grad_accum << " micro-batches\n";
   out << "data: " << I.data->Describe() << "\n";
+  out << ZeroStageNote(c) << "\n";
   out << "plan:\n" << table;
   if (I.run.budgets.gpu_overhead)
     out << "gpu: the tier's budget is the limit less " << FormatBytes(I.run.budgets.gpu_overhead)

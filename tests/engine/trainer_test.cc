@@ -474,7 +474,7 @@ TEST(Trainer, RunSavesTheStateWhenASwapFileIsDeleted) {
 // --dry-run and the run share one budget computation (engine/budgets.h): the
 // plan the dry run prints is the plan that runs, whatever the placement.
 // (The run's table adds what it measured of its schedule; the dry run's
-// starts with the model and the batch.)
+// starts with the stage's note, the model and the batch.)
 TEST(Trainer, DryRunPrintsThePlanThatRuns) {
   auto lines = [](const std::string& text, std::initializer_list<const char*> drop) {
     std::vector<std::string> out;
@@ -516,7 +516,7 @@ TEST(Trainer, DryRunPrintsThePlanThatRuns) {
     ASSERT_OK_AND_ASSIGN(std::string dry, Trainer::DryRun(o));
     std::ostringstream log;
     ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
-    const std::vector<std::string> planned = lines(dry, {"model:", "batch:"});
+    const std::vector<std::string> planned = lines(dry, {"zero_optimization.stage", "model:", "batch:"});
     const std::vector<std::string> ran = lines(t->PlanTable(), {"swap window:", "per step (scheduled):"});
     EXPECT_EQ(planned, ran) << "dry run:\n" << dry << "\nrun:\n" << t->PlanTable();
     EXPECT_GT(planned.size(), 8u);
