@@ -46,6 +46,22 @@ Status ForwardPass(const ModelProgram& m, PassEnv& env, const MicroBatches& mb, 
   return Status::OK();
 }
 
+// What the head reads for micro-batch a, in training and in evaluation: the
+// final unit's and the embedding's parameters, x_L, the targets, where the
+// losses go, and its scratch.
+HeadArgs HeadInputs(PassEnv& env, void* embedding, void* final_params, void* x, int64_t a, const ScratchSpace& s) {
+  HeadArgs h;
+  h.final_params = final_params;
+  h.embedding_params = embedding;
+  h.x = x;
+  h.targets = env.targets(a);
+  h.losses = env.losses(a);
+  h.chunk_rows = env.head_chunk_rows();
+  h.scratch = s.data;
+  h.scratch_bytes = s.bytes;
+  return h;
+}
+
 // The head's forward and backward. The embedding's gradient target stays
 // open (the embedding's own backward adds to it last): returned in *ge.
 Status HeadPass(const ModelProgram& m, PassEnv& env, const MicroBatches& mb, GradTarget* ge) {
@@ -57,21 +73,13 @@ Status HeadPass(const ModelProgram& m, PassEnv& env, const MicroBatches& mb, Gra
   const ScratchSpace s = env.head_scratch();
   for (int64_t a = mb.first; a < mb.end; ++a) {
     ASSIGN_OR_RETURN(void* x, env.Acquire(P::Checkpoint(L, a), Access::kRead));
-    HeadArgs h;
-    h.final_params = f;
-    h.embedding_params = e;
-    h.x = x;
-    h.targets = env.targets(a);
-    h.losses = env.losses(a);
+    HeadArgs h = HeadInputs(env, e, f, x, a, s);
     h.dloss = env.dloss();
     h.dx = env.residual_grad(a);
     h.final_grads = gf.data;
     h.embedding_grads = ge->data;
     h.grad_dtype = gf.dtype;
     h.accumulate = a > mb.first || gf.accumulate;
-    h.chunk_rows = env.head_chunk_rows();
-    h.scratch = s.data;
-    h.scratch_bytes = s.bytes;
     RETURN_IF_ERROR(Compute(env, [&] { return m.head().ForwardBackward(h); }));
     RETURN_IF_ERROR(env.Release(P::Checkpoint(L, a), false));
   }
@@ -129,15 +137,7 @@ Status Evaluate(const ModelProgram& m, PassEnv& env, const MicroBatches& mb) {
   const ScratchSpace s = env.head_scratch();
   for (int64_t a = mb.first; a < mb.end; ++a) {
     ASSIGN_OR_RETURN(void* x, env.Acquire(P::Checkpoint(L, a), Access::kRead));
-    HeadArgs h;
-    h.final_params = f;
-    h.embedding_params = e;
-    h.x = x;
-    h.targets = env.targets(a);
-    h.losses = env.losses(a);
-    h.chunk_rows = env.head_chunk_rows();
-    h.scratch = s.data;
-    h.scratch_bytes = s.bytes;
+    const HeadArgs h = HeadInputs(env, e, f, x, a, s);
     RETURN_IF_ERROR(Compute(env, [&] { return m.head().Forward(h); }));
     RETURN_IF_ERROR(env.Release(P::Checkpoint(L, a), false));
   }
