@@ -468,9 +468,12 @@ Status BlockProgram::Backward(const void* params, const void* x_in, const void* 
     const size_t bytes = static_cast<size_t>(shape_.batch * shape_.seq * shape_.d_model) * DTypeSize(shape_.dtype);
     RETURN_IF_ERROR(backend_->CopyDeviceToDevice(d_in, d_out, bytes));
   }
-  for (auto it = steps_.rbegin(); it != steps_.rend(); ++it)
-    RETURN_IF_ERROR(RunBackward(*it, p, x_in, d_in, static_cast<char*>(grads), grad_dtype, accumulate, s)
-                        .WithContext("BlockBackward " + it->name));
+  for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) {
+    // The op's name is joined to the message only on failure: no string is
+    // built per op on the step's path.
+    const Status st = RunBackward(*it, p, x_in, d_in, static_cast<char*>(grads), grad_dtype, accumulate, s);
+    if (!st.ok()) return st.WithContext("BlockBackward " + it->name);
+  }
   return Status::OK();
 }
 

@@ -107,7 +107,7 @@ class BlockProgram {
   // One op, compiled: its forward operands and the placement of its backward.
   struct Step {
     OpKind kind = OpKind::kLinear;
-    std::string name;               // for messages: "op 3 (kLinear att -> x1)"
+    std::string name;               // for messages: "op 3 (Linear att -> x1)"
     bool makes_output = false;      // writes the block's output (skipped by the recompute)
     Loc in, out, residual;          // residual: kLinear, kind kNone for none
     int64_t k = 0, n = 0;           // kLinear: in [N, k] @ W [k, n]

@@ -68,7 +68,7 @@ size_t HeadProgram::ScratchBytes(const ModelSpec& spec, int64_t batch, int64_t s
   return Slots(spec.d_model, spec.padded_vocab, batch, seq, dtype, std::min(chunk_rows, batch * seq)).total;
 }
 
-Status HeadProgram::Check(const HeadArgs& a, bool backward, int64_t* chunk) const {
+Result<HeadProgram::Frame> HeadProgram::Prepare(const HeadArgs& a, bool backward) const {
   const char* op = backward ? "HeadForwardBackward" : "HeadForward";
   auto null = [&](const char* what) { return InvalidArgument(std::string(op) + ": `" + what + "` is null"); };
   if (!a.final_params) return null("final_params");
@@ -84,98 +84,89 @@ Status HeadProgram::Check(const HeadArgs& a, bool backward, int64_t* chunk) cons
       return InvalidArgument(std::string(op) + ": grad_dtype " + std::string(DTypeName(a.grad_dtype)) +
                              " is not a float type");
   }
-  const int64_t N = B_ * T_;
-  *chunk = std::min(N, a.chunk_rows > 0 ? a.chunk_rows : DefaultRows(Vp_, B_, T_, dtype_));
-  const size_t need = Slots(C_, Vp_, B_, T_, dtype_, *chunk).total;
-  if (a.scratch_bytes < need)
+  Frame f;
+  f.chunk = std::min(B_ * T_, a.chunk_rows > 0 ? a.chunk_rows : DefaultRows(Vp_, B_, T_, dtype_));
+  const HeadSlots p = Slots(C_, Vp_, B_, T_, dtype_, f.chunk);
+  if (a.scratch_bytes < p.total)
     return InvalidArgument(std::string(op) + ": scratch of " + std::to_string(a.scratch_bytes) + " bytes, needs " +
-                           std::to_string(need));
-  if (need > 0 && a.scratch == nullptr) return InvalidArgument(std::string(op) + ": scratch is null");
-  return Status::OK();
+                           std::to_string(p.total));
+  if (p.total > 0 && a.scratch == nullptr) return InvalidArgument(std::string(op) + ": scratch is null");
+  char* s = static_cast<char*>(a.scratch);
+  f.norm = s + p.norm;
+  f.mean = reinterpret_cast<float*>(s + p.mean);
+  f.rstd = reinterpret_cast<float*>(s + p.rstd);
+  f.logits = s + p.logits;
+  f.wte = static_cast<const char*>(a.embedding_params) + token_offset_ * static_cast<int64_t>(DTypeSize(dtype_));
+  return f;
+}
+
+Status HeadProgram::NormForward(const HeadArgs& a, const Frame& f) const {
+  const int64_t es = static_cast<int64_t>(DTypeSize(dtype_));
+  const char* fin = static_cast<const char*>(a.final_params);
+  return backend_->LayerNormForward(LayerNormArgs{B_ * T_, C_, dtype_, spec_.norm_eps}, f.norm, f.mean, f.rstd, a.x,
+                                    fin + spec_.norm_weight_offset * es, fin + spec_.norm_bias_offset * es);
+}
+
+Status HeadProgram::Logits(const Frame& f, const char* norm_rows, int64_t rows) const {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = rows, g.n = Vp_, g.k = C_;
+  g.a = norm_rows, g.lda = C_, g.b = f.wte, g.ldb = C_;
+  g.c = f.logits, g.ldc = Vp_, g.ab_dtype = g.c_dtype = dtype_;
+  return backend_->Gemm(g);
 }
 
 Status HeadProgram::ForwardBackward(const HeadArgs& a) const {
-  int64_t chunk = 0;
-  RETURN_IF_ERROR(Check(a, true, &chunk));
+  ASSIGN_OR_RETURN(const Frame f, Prepare(a, true));
   Backend& be = *backend_;
   const int64_t N = B_ * T_, C = C_;
-  const HeadSlots p = Slots(C_, Vp_, B_, T_, dtype_, chunk);
   const size_t es = DTypeSize(dtype_), gs = DTypeSize(a.grad_dtype), sb = StatBytes(dtype_);
   const char* fin = static_cast<const char*>(a.final_params);
-  const char* wte = static_cast<const char*>(a.embedding_params) + token_offset_ * static_cast<int64_t>(es);
   char* dwte = static_cast<char*>(a.embedding_grads) + token_offset_ * static_cast<int64_t>(gs);
   char* dfin = static_cast<char*>(a.final_grads);
-  char* s = static_cast<char*>(a.scratch);
-  char* norm = s + p.norm;  // [N, C]: norm(x), then d norm(x) chunk by chunk
-  char* logits = s + p.logits;
-  const LayerNormArgs ln{N, C, dtype_, spec_.norm_eps};
   const int64_t w = spec_.norm_weight_offset, b = spec_.norm_bias_offset;
 
-  RETURN_IF_ERROR(be.LayerNormForward(ln, norm, reinterpret_cast<float*>(s + p.mean),
-                                      reinterpret_cast<float*>(s + p.rstd), a.x, fin + w * static_cast<int64_t>(es),
-                                      fin + b * static_cast<int64_t>(es)));
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N - r0);
-    char* rows_norm = norm + static_cast<size_t>(r0 * C) * es;
+  RETURN_IF_ERROR(NormForward(a, f));
+  for (int64_t r0 = 0; r0 < N; r0 += f.chunk) {
+    const int64_t rows = std::min(f.chunk, N - r0);
+    char* rows_norm = f.norm + static_cast<size_t>(r0 * C) * es;
     // logits = norm(x) @ wte^T                       [rows, Vp]
-    GemmArgs g;
-    g.trans_b = true;
-    g.m = rows, g.n = Vp_, g.k = C;
-    g.a = rows_norm, g.lda = C, g.b = wte, g.ldb = C;
-    g.c = logits, g.ldc = Vp_, g.ab_dtype = g.c_dtype = dtype_;
-    RETURN_IF_ERROR(be.Gemm(g));
+    RETURN_IF_ERROR(Logits(f, rows_norm, rows));
     // losses, and d logits in place
-    RETURN_IF_ERROR(be.CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb), logits,
-                                    logits, a.targets + r0, rows, V_, Vp_, a.dloss, dtype_));
+    RETURN_IF_ERROR(be.CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb), f.logits,
+                                    f.logits, a.targets + r0, rows, V_, Vp_, a.dloss, dtype_));
     // d wte (+)= d logits^T @ norm(x)                [Vp, C]
-    g = GemmArgs{};
+    GemmArgs g;
     g.trans_a = true;
     g.m = Vp_, g.n = C, g.k = rows;
-    g.a = logits, g.lda = Vp_, g.b = rows_norm, g.ldb = C;
+    g.a = f.logits, g.lda = Vp_, g.b = rows_norm, g.ldb = C;
     g.c = dwte, g.ldc = C, g.ab_dtype = dtype_, g.c_dtype = a.grad_dtype;
     g.beta = (r0 == 0 && !a.accumulate) ? 0.f : 1.f;
     RETURN_IF_ERROR(be.Gemm(g));
     // d norm(x) = d logits @ wte, over this chunk's (now dead) rows of norm(x)
     g = GemmArgs{};
     g.m = rows, g.n = C, g.k = Vp_;
-    g.a = logits, g.lda = Vp_, g.b = wte, g.ldb = C;
+    g.a = f.logits, g.lda = Vp_, g.b = f.wte, g.ldb = C;
     g.c = rows_norm, g.ldc = C, g.ab_dtype = g.c_dtype = dtype_;
     RETURN_IF_ERROR(be.Gemm(g));
   }
   // d x = the final norm's backward (dx is overwritten: zero, then accumulated into)
   RETURN_IF_ERROR(be.Memset(a.dx, 0, static_cast<size_t>(N * C) * es));
-  return be.LayerNormBackward(ln, a.dx, dfin + w * static_cast<int64_t>(gs), dfin + b * static_cast<int64_t>(gs),
-                              a.grad_dtype, a.accumulate, norm, a.x, fin + w * static_cast<int64_t>(es),
-                              reinterpret_cast<const float*>(s + p.mean), reinterpret_cast<const float*>(s + p.rstd));
+  return be.LayerNormBackward(LayerNormArgs{N, C, dtype_, spec_.norm_eps}, a.dx, dfin + w * static_cast<int64_t>(gs),
+                              dfin + b * static_cast<int64_t>(gs), a.grad_dtype, a.accumulate, f.norm, a.x,
+                              fin + w * static_cast<int64_t>(es), f.mean, f.rstd);
 }
 
 Status HeadProgram::Forward(const HeadArgs& a) const {
-  int64_t chunk = 0;
-  RETURN_IF_ERROR(Check(a, false, &chunk));
-  Backend& be = *backend_;
-  const int64_t N = B_ * T_, C = C_;
-  const HeadSlots p = Slots(C_, Vp_, B_, T_, dtype_, chunk);
+  ASSIGN_OR_RETURN(const Frame f, Prepare(a, false));
+  const int64_t N = B_ * T_;
   const size_t es = DTypeSize(dtype_), sb = StatBytes(dtype_);
-  const char* fin = static_cast<const char*>(a.final_params);
-  const char* wte = static_cast<const char*>(a.embedding_params) + token_offset_ * static_cast<int64_t>(es);
-  char* s = static_cast<char*>(a.scratch);
-  char* norm = s + p.norm;
-  char* logits = s + p.logits;
-  const LayerNormArgs ln{N, C, dtype_, spec_.norm_eps};
-  RETURN_IF_ERROR(be.LayerNormForward(ln, norm, reinterpret_cast<float*>(s + p.mean),
-                                      reinterpret_cast<float*>(s + p.rstd), a.x,
-                                      fin + spec_.norm_weight_offset * static_cast<int64_t>(es),
-                                      fin + spec_.norm_bias_offset * static_cast<int64_t>(es)));
-  for (int64_t r0 = 0; r0 < N; r0 += chunk) {
-    const int64_t rows = std::min(chunk, N - r0);
-    GemmArgs g;
-    g.trans_b = true;
-    g.m = rows, g.n = Vp_, g.k = C;
-    g.a = norm + static_cast<size_t>(r0 * C) * es, g.lda = C, g.b = wte, g.ldb = C;
-    g.c = logits, g.ldc = Vp_, g.ab_dtype = g.c_dtype = dtype_;
-    RETURN_IF_ERROR(be.Gemm(g));
-    RETURN_IF_ERROR(be.CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb), nullptr,
-                                    logits, a.targets + r0, rows, V_, Vp_, 1.f, dtype_));
+  RETURN_IF_ERROR(NormForward(a, f));
+  for (int64_t r0 = 0; r0 < N; r0 += f.chunk) {
+    const int64_t rows = std::min(f.chunk, N - r0);
+    RETURN_IF_ERROR(Logits(f, f.norm + static_cast<size_t>(r0 * C_) * es, rows));
+    RETURN_IF_ERROR(backend_->CrossEntropy(reinterpret_cast<float*>(reinterpret_cast<char*>(a.losses) + r0 * sb),
+                                           nullptr, f.logits, a.targets + r0, rows, V_, Vp_, 1.f, dtype_));
   }
   return Status::OK();
 }

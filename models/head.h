@@ -56,7 +56,22 @@ class HeadProgram {
   Status Forward(const HeadArgs& a) const;
 
  private:
-  Status Check(const HeadArgs& a, bool backward, int64_t* chunk) const;
+  // What one call works on: its rows per logits chunk, its scratch's slots
+  // and the LM head's weights (wte in the embedding unit).
+  struct Frame {
+    int64_t chunk = 0;
+    char* norm = nullptr;    // [N, C]: norm(x), then d norm(x) chunk by chunk
+    float* mean = nullptr;   // [N] (f64 in fp64 mode)
+    float* rstd = nullptr;   // [N]
+    char* logits = nullptr;  // [chunk, Vp]
+    const char* wte = nullptr;
+  };
+  // Checks `a` (its gradient fields too when `backward`) and lays out its frame.
+  Result<Frame> Prepare(const HeadArgs& a, bool backward) const;
+  // norm(x) and its statistics into the frame.
+  Status NormForward(const HeadArgs& a, const Frame& f) const;
+  // logits [rows, Vp] = norm_rows [rows, C] @ wte^T.
+  Status Logits(const Frame& f, const char* norm_rows, int64_t rows) const;
 
   kernels::Backend* backend_ = nullptr;
   HeadSpec spec_;

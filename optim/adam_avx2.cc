@@ -25,7 +25,7 @@ struct V {
   }
 
   static __m128i ToF16(F x) { return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
-  // Round to nearest even on the bits (tiers/half.h FloatToBF16): NaN -> quiet NaN.
+  // Round to nearest even on the bits (base/half.h FloatToBF16): NaN -> quiet NaN.
   static __m128i ToBF16(F x) {
     const __m256i u = _mm256_castps_si256(x);
     __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));

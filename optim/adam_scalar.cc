@@ -1,7 +1,7 @@
 // The scalar path of the CPU Adam: baseline x86-64 (or any CPU), one lane.
 // The reference the SIMD paths are tested against: the same template body
 // (optim/adam_body.h) with std::fma where they use FMA instructions and the
-// tiers/half.h conversions (round to nearest even) where they use
+// base/half.h conversions (round to nearest even) where they use
 // vcvtps2ph / integer rounding. Compiled with -ffp-contract=off
 // (optim/CMakeLists.txt) so that no other multiply-add gets fused.
 #include <cmath>

@@ -59,7 +59,7 @@
 // executes the same IEEE operations in the same order: the scalar path uses
 // std::fma where the vector code uses FMA instructions, sqrt and division are
 // correctly rounded everywhere, fp16/bf16 conversions round to nearest even
-// (tiers/half.h is the reference; the native vcvtneps2bf16, which flushes
+// (base/half.h is the reference; the native vcvtneps2bf16, which flushes
 // subnormal inputs, is bypassed for those inputs). So all paths, and any
 // thread count, give bitwise identical results; the tests demand equality.
 // (NaN results are NaN everywhere, but their payload bits are not part of

@@ -32,7 +32,7 @@ struct V {
 
   static __m256i ToF16(F x) { return _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC); }
 
-  // Round to nearest even on the bits (tiers/half.h FloatToBF16): NaN -> quiet NaN.
+  // Round to nearest even on the bits (base/half.h FloatToBF16): NaN -> quiet NaN.
   static __m256i ToBF16Bits(F x) {
     const __m512i u = _mm512_castps_si512(x);
     __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));

@@ -7,7 +7,7 @@
 //
 // The bulk f16/bf16 <-> f32 loops use F16C/AVX2 when the CPU has them
 // (convert_avx2.cc, chosen at run time, see isa.h) and give bitwise the same
-// results as the scalar conversions of tiers/half.h.
+// results as the scalar conversions of base/half.h.
 #pragma once
 
 #include <cmath>

@@ -1,6 +1,6 @@
 // The CPU backend's SIMD paths:
 // - bulk f16/bf16 <-> f32 conversions, the AVX2/F16C build and the generic
-//   build against the scalar reference of tiers/half.h, bitwise, on every
+//   build against the scalar reference of base/half.h, bitwise, on every
 //   16-bit pattern and a million float patterns plus the edge cases; and
 //   double -> f16/bf16 rounding once (no double rounding);
 // - the vectorizable float exp (accuracy against std::exp) and the GELU /

@@ -136,7 +136,7 @@ TEST_P(CudaGptTest, LossAndGradientsMatchCpuFp64) {
     DType dtype;
     double loss, grad;
   };
-  // The CPU backend's own figures against fp64 (gpt_test.cc): f32 1e-7 / 1e-5,
+  // The CPU backend's own figures against fp64 (gpt2_test.cc): f32 1e-7 / 1e-5,
   // bf16 1e-3 / 3e-2, f16 1e-4 / 5e-3; the GPU's GEMMs and attention sum in
   // other orders (and the flash kernels round P to bf16/f16).
   for (Tol tol : {Tol{DType::kF32, 1e-6, 3e-5}, Tol{DType::kBF16, 2e-3, 3e-2},

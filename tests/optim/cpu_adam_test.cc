@@ -348,7 +348,7 @@ TEST(CpuAdam, CoefficientsAreTheHyperparametersRoundedOnce) {
 
 // With lr = 0 and zero gradients and moments the master is left bit for bit,
 // so the copy is the conversion of arbitrary fp32 bit patterns: it must be
-// tiers/half.h's round-to-nearest-even on every path (ties, subnormals,
+// base/half.h's round-to-nearest-even on every path (ties, subnormals,
 // overflow to Inf, NaN).
 TEST(CpuAdamConversion, ParameterCopyRoundsLikeHalfH) {
   std::vector<float> vals;
