@@ -9,7 +9,7 @@ trajectories drift apart by a few ulps). The overlapped update, the NVMe
 home and a state_dict round trip must give the same bits as the plain run.
 
 Skipped, with the reason, where torch cannot be imported (the CTest test
-runs these under a Python that has it: python/tests/torch_python.sh).
+runs these under a Python that has it: python/tests/python_with.sh).
 """
 
 import copy
