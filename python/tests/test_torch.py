@@ -53,7 +53,7 @@ def batches(n, seed=1):
     return out
 
 
-def train(model, opt, data, clip=None, overlap=False):
+def train(model, opt, data, clip=None):
     """The plain loop. clip: OffloadAdam gets grad_scale from its own norm,
     a torch optimizer clip_grad_norm_; returns the losses."""
     losses = []
