@@ -6,7 +6,7 @@ JOBS    ?= $(shell nproc)
 CMAKE_FLAGS ?=
 STRATA_RUN_ARGS ?=
 
-.PHONY: all deps python-env configure build test test-gpu run bench clean
+.PHONY: all deps python-env configure build test test-gpu run clean
 
 all: build
 
@@ -35,10 +35,8 @@ test-gpu: build
 	ctest --test-dir $(BUILD) -L gpu --output-on-failure
 
 # The main job: train the default model (GPU if present, else the CPU backend).
-# Until the trainer exists, the tier store benchmark on its defaults.
 run: build
-	@if [ -x $(BUILD)/bin/strata ]; then $(BUILD)/bin/strata train $(STRATA_RUN_ARGS); \
-	 else $(BUILD)/bin/strata-bench store $(STRATA_RUN_ARGS); fi
+	@$(BUILD)/bin/strata train $(STRATA_RUN_ARGS)
 
 clean:
 	rm -rf $(BUILD)

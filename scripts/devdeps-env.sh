@@ -10,10 +10,19 @@ _here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 _want=$(cd "$_here" && ls *.deb 2>/dev/null | md5sum | cut -d' ' -f1)
 case $_dd in /|/usr|/usr/*|"") echo "devdeps: refusing to unpack into '$_dd'" >&2; return 1 ;; esac
 if [ "$(cat "$_dd/.done" 2>/dev/null)" != "$_want" ]; then
-  rm -rf "$_dd" && mkdir -p "$_dd"
+  # The stamp is written only when every package unpacked: a failed unpack
+  # is tried again at the next source, not taken for done.
+  _ok=1
+  rm -rf "$_dd" && mkdir -p "$_dd" || _ok=0
   for _f in "$_here"/*.deb; do
-    dpkg -x "$_f" "$_dd" || echo "devdeps: cannot unpack $_f into $_dd" >&2
+    [ $_ok -eq 1 ] || break
+    dpkg -x "$_f" "$_dd" || { echo "devdeps: cannot unpack $_f into $_dd" >&2; _ok=0; }
   done
+  if [ $_ok -eq 0 ]; then
+    echo "devdeps: $_dd is incomplete; nothing was set" >&2
+    unset _dd _here _want _f _ok
+    return 1
+  fi
   echo "$_want" > "$_dd/.done"
 fi
 # The packages' pkg-config files say prefix=/usr; the sysroot re-roots them.
@@ -27,4 +36,4 @@ export LIBRARY_PATH=$_dd/usr/lib/x86_64-linux-gnu${LIBRARY_PATH:+:$LIBRARY_PATH}
 # The lent GPU hosts are shared: NVLink multicast stays off for NCCL and
 # anything else that would use it.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-unset _dd _here _want _f
+unset _dd _here _want _f _ok

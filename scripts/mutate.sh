@@ -171,8 +171,7 @@ def build_targets(targets):
 def run_test(binary, flt):
     exe = os.path.join(build, "bin", binary)
     t = time.time()
-    r = sh([exe, f"--gtest_filter={flt}", "--gtest_brief=1"], capture_output=True, text=True, cwd=build,
-           env=dict(os.environ, STRATA_TEST_SEED=os.environ.get("STRATA_TEST_SEED", "")))
+    r = sh([exe, f"--gtest_filter={flt}", "--gtest_brief=1"], capture_output=True, text=True, cwd=build)
     failed = [l.split("]", 1)[1].split()[0].rstrip(",") for l in r.stdout.splitlines() if l.startswith("[  FAILED  ]")]
     failed = [f for f in failed if not f[:1].isdigit()]  # not the "N tests, listed below" line
     return r.returncode, sorted(set(failed)), r.stdout[-3000:], time.time() - t

@@ -53,7 +53,8 @@ struct Shard {
 Result<std::unique_ptr<TierStore>> OpenStore(const std::string& dir) {
   strata::TierStoreOptions o;
   o.gpu = false;
-  o.host_tier.budget_bytes = 4 << 20;  // well under the 12 x 4 x 5000 x 4 bytes of state: it streams
+  o.host_tier.budget_bytes = 4 << 20;  // room for all kLayers x 3 x kN x 4 bytes of state; it streams
+  // because the loop evicts each shard's host copies after its update (step 2)
   o.host_tier.slab_bytes = 4 << 20;
   o.host_tier.pin = false;
   o.staging_chunk_bytes = 64 << 10;

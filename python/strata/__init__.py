@@ -2,7 +2,8 @@
 
 Standard library only (ctypes); numpy is optional: every buffer argument
 takes any object with the buffer protocol (bytearray, memoryview,
-array.array, numpy arrays).
+array.array, numpy arrays) or a CPU torch tensor (used in place, by its
+data_ptr; strata.torch is the PyTorch optimizer).
 
     import strata
     with strata.TierStore(host_budget_bytes=256 << 20, nvme_dirs=["/mnt/nvme"]) as store:

@@ -67,7 +67,6 @@ class Buffer:
             raise TypeError("%s: %s does not support the buffer protocol" % (what, type(obj).__name__)) from None
         if not mv.c_contiguous:
             raise errors.InvalidArgumentError("%s is not C-contiguous" % what)
-        self.view = mv
         self.nbytes = mv.nbytes
         self.format_dtype = format_dtype(mv)
         self.described = "its buffer format (%s)" % mv.format
@@ -95,7 +94,6 @@ class Buffer:
         if not t.is_contiguous():
             raise errors.InvalidArgumentError("%s is a non-contiguous tensor (shape %s, stride %s)"
                                               % (what, tuple(t.shape), t.stride()))
-        self.view = None
         self.nbytes = t.numel() * t.element_size()
         self.format_dtype = _TORCH_DTYPES.get(str(t.dtype))
         self.described = "its dtype (%s)" % t.dtype
@@ -105,4 +103,3 @@ class Buffer:
     def release(self):
         """Drops the hold on the caller's object (a bytearray can resize again)."""
         self._keep = None
-        self.view = None

@@ -9,7 +9,7 @@ trajectories drift apart by a few ulps). The overlapped update, the NVMe
 home and a state_dict round trip must give the same bits as the plain run.
 
 Skipped, with the reason, where torch cannot be imported (the CTest test
-runs these under a Python that has it: python/tests/torch_python.sh).
+runs these under a Python that has it: python/tests/python_with.sh).
 """
 
 import copy
@@ -53,7 +53,7 @@ def batches(n, seed=1):
     return out
 
 
-def train(model, opt, data, clip=None, overlap=False):
+def train(model, opt, data, clip=None):
     """The plain loop. clip: OffloadAdam gets grad_scale from its own norm,
     a torch optimizer clip_grad_norm_; returns the losses."""
     losses = []

@@ -324,8 +324,7 @@ class OffloadAdam(torch.optim.Optimizer):
             group_of.update((p, hyper) for p in g["params"])
         by_state = {id(s): p for p, s in self._states.items()}
         order = [by_state[id(s)] for s in self._use_order]
-        seen = set(id(s) for s in self._use_order)
-        order += [p for p in self._states if id(self._states[p]) not in seen]
+        order += [p for p, s in self._states.items() if id(s) not in self._used]
         self._use_order, self._used = [], set()
         todo = []  # every gradient is checked before any state changes
         for p in order:
