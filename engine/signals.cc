@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <initializer_list>
 
 namespace strata {
 
