@@ -76,8 +76,9 @@ Result<Budgets> MeasureBudgets(const TrainOptions& o, const kernels::Backend& ba
   if (o.gpu_memory_limit) {
     if (o.gpu_memory_limit <= b.gpu_overhead)
       return OutOfMemory(TierKind::kGpu, b.gpu_overhead, o.gpu_memory_limit,
-                         "--gpu-memory-limit is smaller than what the CUDA context and libraries already use (" +
-                             FormatBytes(in_use) + " in use on the device, plus a " + FormatBytes(margin) + " margin)");
+                         "--gpu-memory-limit is smaller than what is already in use on the device (" + FormatBytes(in_use) +
+                             " by this process's CUDA context and libraries and by any other process on the GPU, "
+                             "plus a " + FormatBytes(margin) + " margin)");
     b.gpu = o.gpu_memory_limit - b.gpu_overhead;
   } else {
     b.gpu = info.free_bytes > 512 * kMiB ? info.free_bytes - 512 * kMiB : info.free_bytes / 2;
