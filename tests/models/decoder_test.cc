@@ -65,9 +65,10 @@ TEST_P(DecoderTest, GreedyWithTheCacheMatchesFullRecompute) {
     // The token chosen after position t is the full recompute's argmax,
     // unless the two largest logits are within rounding of each other.
     const int32_t want = Argmax(full.data() + t * V, V);
-    if (seq[static_cast<size_t>(t + 1)] != want)
+    if (seq[static_cast<size_t>(t + 1)] != want) {
       EXPECT_LT(TopGap(full.data() + t * V, V), tol * 10) << "position " << t << ": chose " << seq[t + 1] << ", full "
                                                           << want;
+    }
   }
   // The logits are far from uniform: the check above is not vacuous.
   EXPECT_GT(TopGap(full.data() + (T - 2) * V, V) + TopGap(full.data(), V), 0.0);
