@@ -131,7 +131,12 @@ Status Decoder::Compile() {
     ops_.push_back(op);
   }
   if (ops_.empty() || ops_.back().out != 1) return InvalidArgument("Decoder: the block's last op does not make \"y\"");
+  return Allocate(width);
+}
 
+// The activations' buffers (`width` columns each), the caches, the head's.
+Status Decoder::Allocate(const std::vector<int64_t>& width) {
+  const int64_t C = spec_.d_model;
   const size_t es = DTypeSize(dtype_), R = static_cast<size_t>(max_rows_);
   auto alloc = [&](size_t bytes, DeviceBuffer* out) -> Status {
     ASSIGN_OR_RETURN(*out, backend_->Allocate(std::max<size_t>(bytes, 64)));

@@ -72,6 +72,7 @@ class Decoder {
   };
   Decoder(kernels::Backend* backend, const ModelSpec& spec, DType dtype, std::vector<const void*> params);
   Status Compile();
+  Status Allocate(const std::vector<int64_t>& width);
   Status RunOp(const Op& op, const char* params, int layer, int64_t rows);
   Status Embed(const int32_t* tokens, int64_t n);
   Status Head(int64_t first_row, int64_t rows, std::vector<float>* logits);
