@@ -53,24 +53,30 @@ class EvalEnv final : public models::PassEnv {
 
 }  // namespace
 
-Result<double> EvaluateLoss(const EvalContext& ctx, DataLoader* data, int64_t batches) {
-  const size_t BT = static_cast<size_t>(ctx.model->batch() * ctx.model->seq());
+Result<double> MeanValLoss(const models::ModelProgram& model, models::PassEnv& env, kernels::Backend* backend,
+                           const EvalBuffers& buffers, DataLoader* data, int64_t batches) {
+  const size_t BT = static_cast<size_t>(model.batch() * model.seq());
   std::vector<int32_t> tok(BT), tgt(BT);
   std::vector<float> losses(BT);
-  EvalEnv env(ctx);
   double total = 0;
   int64_t count = 0;
   for (int64_t bi = 0; bi < batches; ++bi) {
     RETURN_IF_ERROR(data->Val(static_cast<uint64_t>(bi), tok.data(), tgt.data()));
-    RETURN_IF_ERROR(ctx.backend->CopyToDevice(ctx.buffers->tokens.data(), tok.data(), BT * 4));
-    RETURN_IF_ERROR(ctx.backend->CopyToDevice(ctx.buffers->targets.data(), tgt.data(), BT * 4));
-    RETURN_IF_ERROR(models::Evaluate(*ctx.model, env, models::MicroBatches{}));
-    RETURN_IF_ERROR(ctx.backend->Synchronize());
-    RETURN_IF_ERROR(ctx.backend->CopyToHost(losses.data(), ctx.buffers->losses.data(), BT * 4));
+    RETURN_IF_ERROR(backend->CopyToDevice(buffers.tokens, tok.data(), BT * 4));
+    RETURN_IF_ERROR(backend->CopyToDevice(buffers.targets, tgt.data(), BT * 4));
+    RETURN_IF_ERROR(models::Evaluate(model, env, models::MicroBatches{}));
+    RETURN_IF_ERROR(backend->Synchronize());
+    RETURN_IF_ERROR(backend->CopyToHost(losses.data(), buffers.losses, BT * 4));
     for (size_t i = 0; i < BT; ++i)
       if (tgt[i] >= 0) total += losses[i], ++count;
   }
   return count ? total / static_cast<double>(count) : 0.0;
+}
+
+Result<double> EvaluateLoss(const EvalContext& ctx, DataLoader* data, int64_t batches) {
+  EvalEnv env(ctx);
+  const EvalBuffers b{ctx.buffers->tokens.data(), ctx.buffers->targets.data(), ctx.buffers->losses.data()};
+  return MeanValLoss(*ctx.model, env, ctx.backend, b, data, batches);
 }
 
 }  // namespace strata

@@ -18,6 +18,7 @@
 #include "engine/step_buffers.h"
 #include "kernels/backend.h"
 #include "models/model_program.h"
+#include "models/pass_env.h"
 
 namespace strata {
 
@@ -32,5 +33,18 @@ struct EvalContext {
 
 // The mean loss of the first `batches` validation batches of `data`.
 Result<double> EvaluateLoss(const EvalContext& ctx, DataLoader* data, int64_t batches);
+
+// The loop both evaluations run (the trainer's above, strata eval's in
+// engine/inference_eval.h), so that their numbers compare: each batch's
+// tokens and targets uploaded to `tokens`/`targets` (the env's), the
+// evaluation pass, the per-token `losses` summed in double over the counted
+// targets; the mean over all of them.
+struct EvalBuffers {
+  void* tokens = nullptr;         // [B, T] int32, backend memory
+  void* targets = nullptr;        // [B, T] int32
+  const void* losses = nullptr;   // [B, T] f32
+};
+Result<double> MeanValLoss(const models::ModelProgram& model, models::PassEnv& env, kernels::Backend* backend,
+                           const EvalBuffers& buffers, DataLoader* data, int64_t batches);
 
 }  // namespace strata

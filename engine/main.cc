@@ -5,6 +5,8 @@
 //                [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
+//   strata generate --model DIR [--prompt TEXT | --tokens IDS] ...   (engine/inference_cli.h)
+//   strata eval --model DIR --data FILE [--batches N]                (engine/inference_cli.h)
 //   strata report [--nvme PATH]... [--config FILE] [--json]   (engine/report.h)
 //   strata plot LOG.jsonl [-o FILE.png]                       (engine/train_log_plot.h)
 //   strata --version                                          the build: revision, compiler, CUDA, SIMD
@@ -35,9 +37,11 @@
 #include "base/device.h"
 #include "engine/budgets.h"
 #include "engine/checkpoint.h"
+#include "engine/cli_parse.h"
 #include "engine/config.h"
 #include "engine/config_change.h"
 #include "engine/config_json.h"
+#include "engine/inference_cli.h"
 #include "engine/model_config.h"
 #include "engine/report.h"
 #include "engine/signals.h"
@@ -66,6 +70,8 @@ std::string DefaultData() {
 
 int Usage(std::ostream& os, int code) {
   os << "usage: strata train [options]     train a GPT (strata train --help)\n"
+        "       strata generate [options] sample from a trained model (strata generate --help)\n"
+        "       strata eval [options]     loss and perplexity of a model on a file (strata eval --help)\n"
         "       strata report [options]    what this machine offers, problems and fixes (strata report --help)\n"
         "       strata plot LOG.jsonl      loss and tokens/s curves of a --log-json file (strata plot --help)\n"
         "       strata --version           the build: revision, compiler, CUDA, SIMD paths\n";
@@ -76,17 +82,6 @@ int Fail(const strata::Status& s) {
   std::cerr << "strata: " << s.ToString() << "\n";
   if (s.code() == strata::StatusCode::kCancelled && strata::StopSignal()) return 128 + strata::StopSignal();
   return s.code() == strata::StatusCode::kInvalidArgument ? 2 : 1;
-}
-
-// The nearest of `names` to `word` when it is near enough to be a typo.
-std::string Nearest(const std::string& word, const std::vector<std::string>& names) {
-  std::string best;
-  size_t best_d = SIZE_MAX;
-  for (const std::string& n : names) {
-    const size_t d = strata::EditDistance(word.substr(0, 100), n);
-    if (d < best_d) best_d = d, best = n;
-  }
-  return best_d <= std::max<size_t>(2, word.size() / 3) ? best : "";
 }
 
 // ---- strata --version ------------------------------------------------------------
@@ -171,7 +166,7 @@ strata::Status ParseTrainFlags(int argc, char** argv, const po::options_descript
     std::string opt = e.get_option_name();
     std::vector<std::string> names;
     for (const auto& o : desc.options()) names.push_back("--" + o->long_name());
-    const std::string near = Nearest(opt, names);
+    const std::string near = strata::Nearest(opt, names);
     return strata::InvalidArgument("strata train: unknown option " + opt +
                                    (near.empty() ? "" : "; did you mean " + near + "?") + " (strata train --help)");
   } catch (const std::exception& e) {
@@ -380,9 +375,11 @@ int main(int argc, char** argv) {
     return 0;
   }
   if (cmd == "train") return Train(argc - 1, argv + 1);
+  if (cmd == "generate") return strata::RunGenerateCommand(argc - 1, argv + 1);
+  if (cmd == "eval") return strata::RunEvalCommand(argc - 1, argv + 1);
   if (cmd == "report") return strata::RunReportCommand(argc - 1, argv + 1);
   if (cmd == "plot") return strata::RunPlotCommand(argc - 1, argv + 1);
-  const std::string near = Nearest(cmd, {"train", "report", "plot", "--version", "--help"});
+  const std::string near = strata::Nearest(cmd, {"train", "generate", "eval", "report", "plot", "--version", "--help"});
   std::cerr << "strata: unknown command '" << strata::PrintableText(cmd) << "'"
             << (near.empty() ? "" : "; did you mean '" + near + "'?") << "\n";
   return Usage(std::cerr, 2);

@@ -118,6 +118,26 @@ struct AttentionShape {
   float scale = 0.f;
 };
 
+// Attention of new query rows against a key/value cache (generation): each
+// of the B sequences holds `past` positions in the cache and brings `rows`
+// new ones (the prompt in a prefill, one token per decode step).
+// kv_heads < heads is grouped-query attention: query head h reads key/value
+// head h / (heads / kv_heads); 0 means kv_heads = heads.
+struct DecodeAttentionShape {
+  int64_t batch = 0, rows = 0;  // B, R
+  int64_t past = 0;             // P: positions already cached
+  int64_t capacity = 0;         // positions the cache holds per sequence (P + R <= capacity)
+  int64_t heads = 0, kv_heads = 0, head_dim = 0;  // H, Hkv, D
+  DType dtype = DType::kBF16;
+  float scale = 0.f;  // 0 means 1/sqrt(head_dim)
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+};
+// InvalidArgument naming `op` and the field when `s` is not a shape either
+// backend runs (negative sizes, heads not a multiple of kv_heads, P + R
+// beyond the capacity, a scale that is not finite and >= 0, a float dtype
+// the backend does not take is the backend's own check).
+Status CheckDecodeAttentionShape(const DecodeAttentionShape& s, const char* op);
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -180,6 +200,15 @@ class Backend {
   virtual Status AttentionBackward(const AttentionShape& s, void* dqkv, const void* dout,
                                    const void* qkv, const void* out, const float* lse,
                                    void* workspace) = 0;
+
+  // Causal attention of new rows against a KV cache (DecodeAttentionShape):
+  // qkv: [B, R, (H + 2 Hkv) D], q | k | v columns of the new rows;
+  // k_cache, v_cache: [B, capacity, Hkv D]. Writes the new rows' k and v to
+  // cache positions P .. P+R-1, then out[B, R, H D] = softmax(scale q K^T) V
+  // where new row i sees cache positions 0 .. P+i. The same values as
+  // AttentionForward over all P+R positions, to rounding.
+  virtual Status AttentionDecode(const DecodeAttentionShape& s, void* out, const void* qkv, void* k_cache,
+                                 void* v_cache) = 0;
 
   // out[B,T,C] = wte[tokens[b,t]] + wpe[t]; tokens int32 in [0, V).
   virtual Status EmbeddingForward(void* out, const int32_t* tokens, const void* wte,

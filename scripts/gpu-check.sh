@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build and check strata on a GPU machine in one go; logs land in $OUT (or
 # ./gpu-check-out). Stages are chosen by name:
-#   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads
+#   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads generate
 # `build` builds everything (or only TARGETS="a b" when set). Each stage has
 # its own timeout so one hang does not cost the rest.
 # On a machine without a package registry the Debian dependencies come from
@@ -48,6 +48,7 @@ for stage in "$@"; do
     kernels) run kernels-gpu 300 "$BUILD/bin/kernels_gpu_test" ;;
     train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$LOGS/train.json" ;;
     enginetests) run engine-gpu 60 "$BUILD/bin/engine_gpu_test" ;;
+    generate) run generate 400 env BUILD="$BUILD" scripts/generate-check.sh ;;
     w13off) run gpt-1.3b-offload 90 "$BUILD/bin/strata" train --config configs/gpt-1.3b-offload.json \
               --gpu-memory-limit 8GiB --steps ${STEPS:-6} --log-json "$LOGS/gpt-1.3b-offload.jsonl" ;;
     w67) run gpt-6.7b 200 "$BUILD/bin/strata" train --config configs/gpt-6.7b.json --gpu-memory-limit 24GiB \

@@ -62,6 +62,8 @@ class CpuBackend final : public Backend {
                           void* workspace) override;
   Status AttentionBackward(const AttentionShape& s, void* dqkv, const void* dout, const void* qkv,
                            const void* out, const float* lse, void* workspace) override;
+  Status AttentionDecode(const DecodeAttentionShape& s, void* out, const void* qkv, void* k_cache,
+                         void* v_cache) override;
   Status EmbeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                           int64_t B, int64_t T, int64_t C, DType dtype) override;
   Status EmbeddingBackward(void* dwte, void* dwpe, DType grad_dtype, const void* dout,

@@ -277,6 +277,21 @@ class CudaBackend final : public Backend {
                                          workspace);
   }
 
+  Status AttentionDecode(const DecodeAttentionShape& s, void* out, const void* qkv, void* k_cache,
+                         void* v_cache) override {
+    const char* op = "AttentionDecode";
+    RETURN_IF_ERROR(CheckDecodeAttentionShape(s, op));
+    RETURN_IF_ERROR(CheckDType(op, "dtype", s.dtype));
+    if (s.batch * s.rows == 0) return Status::OK();
+    for (auto [n, p] : {std::pair{"out", static_cast<const void*>(out)}, std::pair{"qkv", qkv},
+                        std::pair{"k_cache", static_cast<const void*>(k_cache)},
+                        std::pair{"v_cache", static_cast<const void*>(v_cache)}})
+      RETURN_IF_ERROR(CheckPtr(op, n, p));
+    const double flops = 4.0 * s.batch * s.heads * s.rows * (s.past + s.rows) * s.head_dim;
+    OpScope scope(this, "attention_decode", flops);
+    return cuda::AttentionDecode(stream_, s, out, qkv, k_cache, v_cache);
+  }
+
   Status EmbeddingForward(void* out, const int32_t* tokens, const void* wte, const void* wpe,
                           int64_t B, int64_t T, int64_t C, DType dtype) override {
     const char* op = "EmbeddingForward";

@@ -63,6 +63,12 @@ Status CrossEntropy(cudaStream_t stream, float* losses, void* dlogits, const voi
                     const int32_t* targets, int64_t N, int64_t V, int64_t Vp, float dloss,
                     DType dtype);
 
+// attention_decode.cu — new rows against a KV cache (kernels/backend.h):
+// qkv (B, R, (H + 2 Hkv) D); k_cache, v_cache (B, capacity, Hkv D); out (B, R, H D).
+// head_dim <= 256.
+Status AttentionDecode(cudaStream_t stream, const DecodeAttentionShape& s, void* out, const void* qkv,
+                       void* k_cache, void* v_cache);
+
 // attention.cu — the simple path (batched GEMMs + fused causal softmax).
 // qkv, dqkv: (B, T, 3C); out, dout: (B, T, C); lse: (B, H, T) f32.
 size_t SimpleAttentionWorkspaceBytes(const AttentionShape& s);
