@@ -222,7 +222,7 @@ class ConfigSax {
 }  // namespace
 
 std::string JoinConfigErrors(const std::vector<std::string>& errors) {
-  constexpr size_t kShown = 20;  // a file of 100,000 unknown keys gets a readable message
+  constexpr size_t kShown = kConfigErrorsShown;
   std::string msg = errors.empty() ? std::string() : errors.front();
   for (size_t i = 1; i < errors.size() && i < kShown; ++i) msg += "\n  " + errors[i];
   if (errors.size() > kShown) msg += "\n  ... and " + std::to_string(errors.size() - kShown) + " more";

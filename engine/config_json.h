@@ -47,8 +47,9 @@ Result<nlohmann::json> ParseConfigJson(std::string_view text, const std::string&
                                        int max_depth = kMaxConfigDepth);
 
 // One message of several errors: the first as it is, each further one on a
-// line of its own (the first 20), then the count ("(3 errors)"). One error
-// is its own text.
+// line of its own (the first kConfigErrorsShown), then the count ("(3
+// errors)"). One error is its own text.
+inline constexpr size_t kConfigErrorsShown = 20;  // a file of 100,000 unknown keys gets a readable message
 std::string JoinConfigErrors(const std::vector<std::string>& errors);
 
 // True when `j` nests deeper than `max` levels (walked without recursion: a

@@ -294,6 +294,10 @@ class Obj {
                                 ": DeepSpeed setting not implemented by strata; ignored (" + ig->why + ")");
       return Status::OK();
     }
+    // Past the errors a message shows, the nearest key is not looked for:
+    // a file of 100,000 unknown keys would spend seconds on suggestions no
+    // one reads.
+    if (ctx_->errors.size() >= kConfigErrorsShown) return Error(key, "unknown key");
     std::string best;
     size_t best_d = SIZE_MAX;
     const std::string k = key.substr(0, 200);  // bounds the distance's cost
