@@ -1,6 +1,5 @@
 #include "engine/model_state.h"
 
-#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -11,7 +10,8 @@
 #include <tbb/task_arena.h>
 
 #include "base/half.h"
-#include "engine/safetensors.h"
+#include "engine/hf_import.h"
+#include "engine/hf_weights.h"
 #include "models/init.h"
 
 namespace strata {
@@ -144,57 +144,22 @@ Status ModelState::InitRandom(uint64_t seed) {
   return first;
 }
 
-namespace {
-
-// The weights file of `path`: the path itself, or a model directory's
-// single model.safetensors (a directory as Hugging Face saves one).
-Result<std::string> HfWeightsFile(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return ErrnoStatus("cannot read --init-from", path);
-  if (!S_ISDIR(st.st_mode)) return path;
-  const std::string file = path + "/model.safetensors";
-  if (::stat(file.c_str(), &st) == 0) return file;
-  if (::stat((path + "/model.safetensors.index.json").c_str(), &st) == 0)
-    return Unavailable("--init-from " + path + " holds a sharded checkpoint (model.safetensors.index.json), which is "
-                       "not read yet: give one model.safetensors");
-  for (const char* other : {"pytorch_model.bin", "tf_model.h5", "flax_model.msgpack"})
-    if (::stat((path + "/" + other).c_str(), &st) == 0)
-      return InvalidArgument("--init-from " + path + " has " + other + " but no model.safetensors: strata reads "
-                             "safetensors (save the model with safe_serialization=True)");
-  return NotFound("--init-from " + path + " is a directory without a model.safetensors");
-}
-
-}  // namespace
-
+// Tensor by tensor into one unit's fp32 master at a time, converted from the
+// file's dtype on the way; the run's dtypes are made from the master by
+// WriteShardState. Extra host memory: the unit's buffers and the one
+// weights file mapped (engine/hf_weights.h).
 Status ModelState::InitFromHf(const std::string& from, const std::string& prefix) {
-  ASSIGN_OR_RETURN(const std::string path, HfWeightsFile(from));
-  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
-  const std::string& base = spec_.hf_base_prefix;
+  ASSIGN_OR_RETURN(HfWeights weights, HfWeights::Open(from));
+  ASSIGN_OR_RETURN(const std::vector<HfParamSource> sources, MatchHfTensors(weights, spec_, prefix));
   for (size_t si = 0; si < shards_.size(); ++si) {
     std::vector<float> master(static_cast<size_t>(shards_[si].numel), 0.f);
-    for (const models::ParamSpec* t : spec_.ParamsOf(static_cast<int>(si))) {
-      std::string name = prefix + t->name;
-      const SafetensorsEntry* e = f.Find(name);
-      if (!e && !base.empty() && t->name.rfind(base, 0) == 0) {
-        name = prefix + t->name.substr(base.size());
-        e = f.Find(name);
-      }
-      if (!e) return NotFound("tensor '" + prefix + t->name + "' is not in " + path);
-      bool shape_ok = e->shape.rank() == static_cast<int>(t->shape.size());
-      for (size_t d = 0; shape_ok && d < t->shape.size(); ++d)
-        shape_ok = t->extra_rows_ok && d == 0 ? e->shape[0] >= t->shape[0]
-                                              : e->shape[static_cast<int>(d)] == t->shape[d];
-      if (!shape_ok) {
-        std::string want = "[";
-        for (size_t d = 0; d < t->shape.size(); ++d) want += (d ? ", " : "") + std::to_string(t->shape[d]);
-        return InvalidArgument("tensor '" + name + "' in " + path + " has shape " + e->shape.ToString() +
-                               ", the configured model needs " + want + "]" +
-                               (t->extra_rows_ok ? " (at least seq_len rows)" : ""));
-      }
-      ASSIGN_OR_RETURN(std::vector<float> v, f.ReadF32(name));
-      std::copy(v.begin(), v.begin() + t->numel, master.begin() + t->offset);
+    for (const HfParamSource& src : sources) {
+      if (src.param->unit != static_cast<int>(si)) continue;
+      std::span<float> dst(master.data() + src.param->offset, static_cast<size_t>(src.param->numel));
+      RETURN_IF_ERROR(weights.ReadF32Into(*src.tensor, dst));
     }
-    RETURN_IF_ERROR(WriteShardState(si, master.data(), nullptr, nullptr));
+    RETURN_IF_ERROR(WriteShardState(si, master.data(), nullptr, nullptr).WithContext("initializing " +
+                                                                                       shards_[si].name));
   }
   return Status::OK();
 }

@@ -279,19 +279,20 @@ TEST(Checkpoint, InitFromAcceptsAModelDirectory) {
     got.push_back(w);
   }
   EXPECT_EQ(got[0], got[1]);
-  // A directory without model.safetensors says what it has instead.
+  // A directory without model.safetensors reads the index instead (a
+  // sharded directory: tests/engine/hf_weights_test.cc), or says it has neither.
   fs::remove(model.File("gpt2/model.safetensors"));
   WriteBytes(model.File("gpt2/model.safetensors.index.json"), "{}");
   TrainOptions o = Tiny(1);
   o.init_from = model.File("gpt2");
   std::ostringstream log;
   auto t = Trainer::Create(o, log);
-  EXPECT_THAT(t, StatusIs(StatusCode::kUnavailable));
-  EXPECT_THAT(t.status().ToString(), HasSubstr("sharded"));
+  EXPECT_THAT(t, StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(t.status().ToString(), HasSubstr("weight_map"));
   fs::remove(model.File("gpt2/model.safetensors.index.json"));
   t = Trainer::Create(o, log);
   EXPECT_THAT(t, StatusIs(StatusCode::kNotFound));
-  EXPECT_THAT(t.status().ToString(), HasSubstr("without a model.safetensors"));
+  EXPECT_THAT(t.status().ToString(), HasSubstr("without model.safetensors"));
 }
 
 }  // namespace
