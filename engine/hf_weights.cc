@@ -95,11 +95,9 @@ Status HfWeights::AddFile(const std::string& file, const std::map<std::string, s
       auto it = weight_map->find(e.name);
       if (it == weight_map->end())
         return DataLoss("tensor '" + e.name + "' is in " + file + " but " + index_ + " does not list it", file);
-      if (it->second != base) continue;  // the index places it in another file, which must hold it
+      if (it->second != base) continue;  // a copy: the index places it in another file, which must hold it
     }
-    auto [pos, added] = tensors_.emplace(e.name, HfTensor{file, e});
-    if (!added)
-      return DataLoss("tensor '" + e.name + "' is in both " + pos->second.file + " and " + file, file);
+    tensors_.emplace(e.name, HfTensor{file, e});  // (a name is in one header once, and the index names one file)
   }
   files_.push_back(file);
   return Status::OK();

@@ -10,9 +10,10 @@
 //
 // Open reads every file's header (each file mapped while its header is read,
 // then unmapped) and checks the index against the files: a file it names
-// that is missing, a tensor it places in a file that lacks it, a tensor of a
-// file it does not list or one held by two files is an error naming the
-// index, the file and the tensor; a truncated file is one naming the file
+// that is missing, a tensor it places in a file that lacks it, or a tensor
+// of a file that it does not list is an error naming the index, the file and
+// the tensor (a tensor also in a file other than the index's is read from
+// the index's); a truncated file is one naming the file
 // and the tensor (SafetensorsFile::Open). Reading maps the one file holding
 // the tensor, unmapping the file read before: at most one file of the model
 // is mapped at a time, so a loader that reads tensor by tensor holds no more
