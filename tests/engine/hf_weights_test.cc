@@ -2,7 +2,8 @@
 // tiny Llama that save_pretrained sharded (tests/data/llama_tiny_hf: names,
 // shapes, dtypes and values against the reference's parameters) and on
 // GPT-2 shaped directories these tests write (one file or shards; bf16,
-// fp16, fp32), the trainer initialized from them (--init-from), and the
+// fp16, fp32), the trainer initialized from them (--init-from; resident, and
+// streamed into host and NVMe homes), and the
 // errors: a missing or unexpected tensor, a wrong shape or dtype, a
 // truncated shard, an index naming a missing file, each naming the file and
 // the tensor.
@@ -236,6 +237,41 @@ INSTANTIATE_TEST_SUITE_P(DTypesAndShards, HfInit,
                            return std::string(DTypeName(info.param.dtype)) + "_" +
                                   std::to_string(info.param.shards) + "files";
                          });
+
+// With the optimizer state and the blocks' parameters offloaded (host, or
+// NVMe), the weights stream into their homes: the same values, and the GPU
+// tier's peak is below an all-resident run's by more than the moments
+// (8 bytes a parameter): the fp32 state never went through the GPU.
+TEST(HfInitOffloaded, TheWeightsStreamIntoHostAndNvmeHomes) {
+  TempDir tmp;
+  const std::vector<NamedValues> tensors = Gpt2Tensors(11);
+  WriteHfDir(tmp.File("m"), tensors, DType::kBF16, 3);
+  uint64_t numel = 0;
+  for (const NamedValues& nv : tensors) numel += nv.values.size();
+  uint64_t resident_peak = 0;
+  {
+    ASSERT_OK_AND_ASSIGN(auto t, TrainerFrom(tmp.File("m")));
+    resident_peak = t->Info().gpu_tier_peak;
+  }
+  for (const char* device : {"cpu", "nvme"}) {
+    SCOPED_TRACE(device);
+    TrainOptions o = Tiny();
+    o.init_from = tmp.File("m");
+    for (OffloadConfig* off : {&o.config.zero.offload_param, &o.config.zero.offload_optimizer}) {
+      off->device = device;
+      off->nvme_path = tmp.path();
+    }
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+    EXPECT_EQ(t->Info().optimizer_gpu_shards, 0);
+    EXPECT_LT(t->Info().gpu_tier_peak + 8 * numel, resident_peak);
+    for (const NamedValues& nv : tensors) {
+      ASSERT_OK_AND_ASSIGN(std::vector<float> got, t->Parameter(nv.name));
+      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], RoundTo(nv.values[i], DType::kBF16)) << nv.name;
+    }
+    ASSERT_OK(t->Step().status());
+  }
+}
 
 // GPT-2's saved attention masks and a tied head's lm_head.weight are not
 // parameters but are no error either.
