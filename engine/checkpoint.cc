@@ -16,6 +16,7 @@
 
 #include "engine/durable_file.h"
 #include "engine/hf_export.h"
+#include "engine/hf_weights_writer.h"
 #include "engine/safetensors.h"
 #include "tiers/nvme/checksum.h"
 
@@ -27,8 +28,10 @@ using models::ParamSpec;
 namespace {
 
 constexpr const char* kFormat = "strata-checkpoint-1";
-constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kMasterFile = "master.safetensors";
 constexpr const char* kOptimizerFile = "optimizer.safetensors";
+// Where a checkpoint written before master.safetensors existed kept the masters.
+constexpr const char* kOldMasterFile = "model.safetensors";
 constexpr const char* kManifest = "manifest.json";
 
 nlohmann::json ModelJson(const models::ModelSpec& m) {
@@ -48,9 +51,12 @@ nlohmann::json SumJson(const FileSum& s) { return {{"crc32c", Crc32cHex(s.crc32c
 
 using FileSums = std::map<std::string, FileSum>;  // file name in the step directory -> its sum
 
-// model.safetensors and optimizer.safetensors of `shards`, streamed shard by shard.
+// master.safetensors, optimizer.safetensors and the Hugging Face weights of
+// `shards`, streamed: one unit's master/m/v read at a time, each parameter
+// appended to the three.
 Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& model,
-                       const std::vector<CheckpointShard>& shards, const TrainState& state, FileSums* sums) {
+                       const std::vector<CheckpointShard>& shards, const TrainState& state,
+                       const CheckpointExtras& extras, FileSums* sums, std::string* hf_entry) {
   const std::vector<ParamSpec>& tensors = model.params;
   if (shards.size() != model.units.size())
     return Internal("checkpoint: " + std::to_string(shards.size()) + " shards for a model of " +
@@ -64,11 +70,13 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
   }
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "strata"},
                                              {"step", std::to_string(state.step)}};
-  ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/" + kModelFile, mdecl, meta));
+  ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/" + kMasterFile, mdecl, meta));
   ASSIGN_OR_RETURN(auto ow, SafetensorsWriter::Begin(tmp_dir + "/" + kOptimizerFile, odecl, meta));
+  ASSIGN_OR_RETURN(auto hw, HfWeightsWriter::Begin(tmp_dir, model, extras.hf_dtype, extras.hf_max_shard_bytes, meta));
   size_t loaded = SIZE_MAX;
   std::vector<float> w, m, v;
-  for (const auto& t : tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const ParamSpec& t = tensors[i];
     const size_t si = static_cast<size_t>(t.unit);
     if (si != loaded) {
       const auto& sh = shards[si];
@@ -82,18 +90,22 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
     RETURN_IF_ERROR(mw->Append(w.data() + off, n * 4));
     RETURN_IF_ERROR(ow->Append(m.data() + off, n * 4));
     RETURN_IF_ERROR(ow->Append(v.data() + off, n * 4));
+    RETURN_IF_ERROR(hw->Append(i, w.data() + off));
   }
   RETURN_IF_ERROR(mw->Commit());
   RETURN_IF_ERROR(ow->Commit());
-  (*sums)[kModelFile] = {mw->crc32c(), mw->file_bytes()};
+  (*sums)[kMasterFile] = {mw->crc32c(), mw->file_bytes()};
   (*sums)[kOptimizerFile] = {ow->crc32c(), ow->file_bytes()};
+  ASSIGN_OR_RETURN(const auto hf_sums, hw->Finish());
+  for (const auto& [name, sum] : hf_sums) (*sums)[name] = sum;
+  *hf_entry = hw->entry_file();
   return Status::OK();
 }
 
 // config.json, generation_config.json and the source model's tokenizer files.
 Status WriteHfFiles(const std::string& tmp_dir, const models::ModelSpec& model, const std::string& source,
-                    FileSums* sums) {
-  Result<nlohmann::json> config = HfConfigJson(model, source);
+                    DType dtype, FileSums* sums) {
+  Result<nlohmann::json> config = HfConfigJson(model, source, dtype == DType::kBF16 ? "bfloat16" : "float32");
   if (config.status().code() == StatusCode::kUnavailable) return Status::OK();  // a family without a HF class
   RETURN_IF_ERROR(config.status());
   ASSIGN_OR_RETURN(nlohmann::json gen, HfGenerationConfig(*config, source));
@@ -107,7 +119,7 @@ Status WriteHfFiles(const std::string& tmp_dir, const models::ModelSpec& model, 
 }
 
 nlohmann::json ManifestJson(const models::ModelSpec& model, const TrainState& state, const nlohmann::json& config,
-                            const FileSums& sums) {
+                            const std::string& hf_entry, DType hf_dtype, const FileSums& sums) {
   nlohmann::json checksums = nlohmann::json::object();
   for (const auto& [name, sum] : sums) checksums[name] = SumJson(sum);
   nlohmann::json manifest = {
@@ -121,7 +133,11 @@ nlohmann::json ManifestJson(const models::ModelSpec& model, const TrainState& st
         {"cur_iter", state.scaler.cur_iter},
         {"last_overflow_iter", state.scaler.last_overflow_iter},
         {"cur_hysteresis", state.scaler.cur_hysteresis}}},
-      {"files", {{"model", kModelFile}, {"optimizer", kOptimizerFile}}},
+      {"files",
+       {{"model", hf_entry},
+        {"model_dtype", std::string(DTypeName(hf_dtype))},
+        {"master", kMasterFile},
+        {"optimizer", kOptimizerFile}}},
       {"checksums", checksums},
       {"config", config},
   };
@@ -178,9 +194,10 @@ Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSp
   } cleanup{tmp_dir};
 
   FileSums sums;
-  RETURN_IF_ERROR(WriteStateFiles(tmp_dir, model, shards, state, &sums));
-  RETURN_IF_ERROR(WriteHfFiles(tmp_dir, model, extras.model_source, &sums));
-  const nlohmann::json manifest = ManifestJson(model, state, extras.config, sums);
+  std::string hf_entry;
+  RETURN_IF_ERROR(WriteStateFiles(tmp_dir, model, shards, state, extras, &sums, &hf_entry));
+  RETURN_IF_ERROR(WriteHfFiles(tmp_dir, model, extras.model_source, extras.hf_dtype, &sums));
+  const nlohmann::json manifest = ManifestJson(model, state, extras.config, hf_entry, extras.hf_dtype, sums);
   RETURN_IF_ERROR(WriteFileAtomic(tmp_dir + "/" + kManifest, manifest.dump(2) + "\n"));
   RETURN_IF_ERROR(SyncDir(tmp_dir));
   RETURN_IF_ERROR(MoveIntoPlace(dir, name, tmp_dir));
@@ -234,6 +251,15 @@ Result<nlohmann::json> ReadManifest(const std::string& mpath) {
   return m;
 }
 
+// The file holding the fp32 masters: master.safetensors, or in a checkpoint
+// from before it existed, model.safetensors.
+std::string MasterFileOf(const nlohmann::json& manifest) {
+  const nlohmann::json files = manifest.value("files", nlohmann::json::object());
+  if (files.is_object() && files.contains("master") && files["master"].is_string())
+    return files["master"].get<std::string>();
+  return kOldMasterFile;
+}
+
 // Every file the manifest lists has the size and crc32c it records.
 Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::ostream* log) {
   if (!manifest.contains("checksums")) {
@@ -243,7 +269,7 @@ Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::o
     return Status::OK();
   }
   const nlohmann::json& sums = manifest["checksums"];
-  if (!sums.is_object() || !sums.contains(kModelFile) || !sums.contains(kOptimizerFile))
+  if (!sums.is_object() || !sums.contains(MasterFileOf(manifest)) || !sums.contains(kOptimizerFile))
     return DataLoss("manifest's checksums lack the state files", ck + "/" + kManifest);
   for (auto it = sums.begin(); it != sums.end(); ++it) {
     const std::string path = ck + "/" + it.key();
@@ -315,15 +341,15 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(mpath));
   RETURN_IF_ERROR(ReadTrainState(manifest, model, mpath, state));
   if (Status v = VerifyFiles(ck, manifest, log); !v.ok()) {
-    // A state file of another step says so more plainly than its checksum.
-    for (const char* f : {kModelFile, kOptimizerFile})
-      if (v.path() == ck + "/" + f)
-        if (Result<SafetensorsFile> other = SafetensorsFile::Open(ck + "/" + f); other.ok())
-          RETURN_IF_ERROR(CheckStepOf(*other, state->step));
+    // A weights or state file of another step says so more plainly than its checksum.
+    const std::string bad(v.path());
+    if (bad.size() > 12 && bad.compare(bad.size() - 12, 12, ".safetensors") == 0)
+      if (Result<SafetensorsFile> other = SafetensorsFile::Open(bad); other.ok())
+        RETURN_IF_ERROR(CheckStepOf(*other, state->step));
     return v;
   }
 
-  ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/" + kModelFile));
+  ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/" + MasterFileOf(manifest)));
   ASSIGN_OR_RETURN(SafetensorsFile of, SafetensorsFile::Open(ck + "/" + kOptimizerFile));
   RETURN_IF_ERROR(CheckStepOf(mf, state->step));
   RETURN_IF_ERROR(CheckStepOf(of, state->step));

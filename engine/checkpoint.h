@@ -1,16 +1,27 @@
-// Checkpoints: model weights as safetensors under the model's Hugging Face
-// names (loadable by transformers: GPT2LMHeadModel for GPT-2), optimizer
-// state, the files Hugging Face needs to load the directory as a model
-// (engine/hf_export.h), and a manifest (config, step, data position,
-// loss-scaler state, a crc32c of every file).
+// Checkpoints: strata's own state (fp32 master weights and Adam moments),
+// beside it a Hugging Face model directory of the same weights (loadable by
+// transformers.AutoModelForCausalLM.from_pretrained: GPT2LMHeadModel for
+// GPT-2), and a manifest (config, step, data position, loss-scaler state, a
+// crc32c of every file).
 //
-//   DIR/step-000040/model.safetensors        fp32 master weights, HF names/layouts
+//   DIR/step-000040/master.safetensors       fp32 master weights, HF names/layouts (the resume's)
 //   DIR/step-000040/optimizer.safetensors    exp_avg.<name>, exp_avg_sq.<name> (fp32)
-//   DIR/step-000040/config.json              GPT2LMHeadModel's config of the trained shape
+//   DIR/step-000040/model.safetensors        the HF weights (engine/hf_weights_writer.h) in
+//     or model-0000N-of-0000M.safetensors    trainer.save_dtype (bf16 by default, or fp32),
+//     and model.safetensors.index.json       sharded at trainer.save_max_shard_size (5GB)
+//   DIR/step-000040/config.json              the family's HF config of the trained shape
 //   DIR/step-000040/generation_config.json
 //   DIR/step-000040/tokenizer.json, ...      the source model's tokenizer files, when it had them
 //   DIR/step-000040/manifest.json
 //   DIR/latest                               "step-000040"
+//
+// Streaming: one unit's master/m/v is read from the store at a time and each
+// of its parameters appended to the three weights files; a HF shard is open
+// from its first tensor to its last, so no more than a unit's state is in
+// host memory. With save_dtype fp32 the HF weights repeat the masters' bytes
+// (the disk holds both: 8 bytes a parameter beside the 8 of the moments).
+// A checkpoint from before master.safetensors (fp32 masters in
+// model.safetensors, the manifest without files.master) still resumes.
 //
 // Saving is atomic: everything is written into a temporary directory
 // (DIR/.step-000040.tmp.PID), fsynced, renamed into place, and only then
@@ -19,8 +30,8 @@
 // leftovers are reclaimed by the next run: engine/save_dir.h).
 //
 // Integrity: the manifest records each file's crc32c and size and the step
-// (manifest fields "checksums" and "step"; both safetensors files carry the
-// step in their metadata too), and a crc32c of itself ("manifest_crc32c":
+// (manifest fields "checksums" and "step"; every safetensors file carries the
+// step in its metadata too), and a crc32c of itself ("manifest_crc32c":
 // of the manifest without that field, as compact JSON with sorted keys).
 // Loading verifies all of it before anything is loaded: a flipped byte, a
 // truncated file, a file copied in from another step is DataLoss naming the
@@ -40,6 +51,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/dtype.h"
 #include "base/status.h"
 #include "models/model_spec.h"
 #include "optim/loss_scaler.h"
@@ -66,6 +78,8 @@ struct CheckpointExtras {
   nlohmann::json config;     // the run's config, recorded in the manifest
   std::string model_source;  // the directory the model came with (engine/hf_export.h); "" = none
   std::ostream* log = nullptr;  // "saved checkpoint DIR/step-N" when given
+  DType hf_dtype = DType::kBF16;               // the HF weights' dtype: kBF16 or kF32
+  uint64_t hf_max_shard_bytes = 5'000'000'000;  // their max_shard_size
 };
 
 // "step-000040".

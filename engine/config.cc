@@ -15,6 +15,7 @@
 #include <utility>
 #include <variant>
 
+#include "base/bytes.h"
 #include "engine/config_auto.h"
 #include "engine/config_fields.h"
 #include "engine/config_json.h"
@@ -452,7 +453,7 @@ const Section<DataConfig>& DataSection() {
   static const Section<C> s = {
       {
           Text("path", &C::path),
-          OneOf("format", &C::format, {"auto", "text", "tokens"}),
+          OneOf("format", &C::format, {"auto", "text", "tokens", "tokens32"}),
           Text("val_path", &C::val_path),
           Real("val_fraction", &C::val_fraction, 0, 0.5),
           OneOf("sampling", &C::sampling, {"random", "sequential"}),
@@ -470,6 +471,14 @@ Status TakeHfTrainerKeys(Obj& o, TrainerConfig*, Ctx*) {
   return Status::OK();
 }
 
+Status ShardSizeIsBytes(Obj& o, TrainerConfig* c, Ctx*) {
+  if (o.Failed("save_max_shard_size")) return Status::OK();
+  Result<uint64_t> b = ParseBytes(c->save_max_shard_size);
+  if (!b.ok()) return o.Error("save_max_shard_size", std::string(b.status().message()));
+  if (*b == 0) return o.Error("save_max_shard_size", "must be more than 0 bytes");
+  return Status::OK();
+}
+
 const Section<TrainerConfig>& TrainerSection() {
   using C = TrainerConfig;
   static const Section<C> s = {
@@ -481,6 +490,9 @@ const Section<TrainerConfig>& TrainerSection() {
           OneOf("gpu_assisted_optimizer", &C::gpu_assisted_optimizer, {"auto", "on", "off"}),
           OneOf("schedule", &C::schedule, {"layer-major", "micro-batch-major"}),
           OneOf("nvme_checksum", &C::nvme_checksum, {"crc32c", "xxh64", "none"}),
+          OneOf("save_dtype", &C::save_dtype, {"bf16", "fp32"}),
+          Text("save_max_shard_size", &C::save_max_shard_size),
+          Rule<C>(ShardSizeIsBytes),
           Rule<C>(TakeHfTrainerKeys),
       },
       {}};

@@ -156,8 +156,8 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string path;               // text (byte tokens) or llm.c/nanoGPT uint16 token file; "" = the bundled corpus
-  std::string format = "auto";    // auto | text | tokens
+  std::string path;               // text (byte tokens), llm.c uint16/uint32 or raw uint16/uint32 token file; "" = the bundled corpus
+  std::string format = "auto";    // auto | text | tokens (uint16) | tokens32 (uint32)
   std::string val_path;           // held-out file; empty = split off the tail of `path`
   double val_fraction = 0.05;
   std::string sampling = "random";  // random | sequential
@@ -188,6 +188,13 @@ struct TrainerConfig {
   // than the drive), "xxh64", or "none" (a swap file changed under the run
   // then goes unnoticed).
   std::string nvme_checksum = "crc32c";
+  // The Hugging Face weights a checkpoint carries (engine/checkpoint.h):
+  // their dtype, "bf16" or "fp32" (the fp32 masters themselves, which then
+  // are the resume's too), and the most bytes a safetensors shard holds, as
+  // transformers' save_pretrained(max_shard_size=) counts them ("5GB" =
+  // 5e9 bytes, "5GiB" = 5 x 2^30; a larger tensor gets a shard of its own).
+  std::string save_dtype = "bf16";
+  std::string save_max_shard_size = "5GB";
   bool operator==(const TrainerConfig&) const = default;
 };
 

@@ -34,7 +34,8 @@ bool KeepsTheBits(const std::string& key) {
                                       "trainer.eval_interval",  "trainer.eval_batches",
                                       "trainer.schedule",       "trainer.gpu_assisted_optimizer",
                                       "trainer.steps",          "trainer.seed",
-                                      "trainer.nvme_checksum"};
+                                      "trainer.nvme_checksum",  "trainer.save_dtype",
+                                      "trainer.save_max_shard_size"};
   for (const char* p : kPrefixes)
     if (key.rfind(p, 0) == 0) return true;
   for (const char* k : kKeys)

@@ -12,7 +12,8 @@
 namespace strata {
 
 namespace {
-constexpr int32_t kLlmcMagic = 20240520;
+constexpr int32_t kLlmcMagic = 20240520;     // uint16 tokens, version 1
+constexpr int32_t kLlmcMagicU32 = 20240801;  // uint32 tokens, version 7 (llm.c's Llama 3 files)
 constexpr int kLlmcHeaderInts = 256;
 constexpr uint64_t kLlmcHeaderBytes = kLlmcHeaderInts * 4;
 // Token files up to this many tokens have every id checked when opened;
@@ -46,7 +47,6 @@ const char* LlmcOtherFile(int32_t magic) {
     case 20240326: return "an llm.c GPT-2 model checkpoint (gpt2_*.bin)";
     case 20240327: return "an llm.c debug state file";
     case 20240328: return "an llm.c tokenizer file";
-    case 20240801: return "an llm.c uint32 token file (llama-3 tokens); strata reads uint16 token files";
     default: return nullptr;
   }
 }
@@ -81,8 +81,8 @@ std::string Percent(double f) {
 }  // namespace
 
 Result<std::unique_ptr<TokenFile>> TokenFile::Open(const std::string& path, const std::string& format) {
-  if (format != "auto" && format != "text" && format != "tokens")
-    return InvalidArgument("data format \"" + format + "\" is not allowed (allowed: auto, text, tokens)");
+  if (format != "auto" && format != "text" && format != "tokens" && format != "tokens32")
+    return InvalidArgument("data format \"" + format + "\" is not allowed (allowed: auto, text, tokens, tokens32)");
   // O_NONBLOCK: a FIFO without a writer would block open() forever.
   int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open data file", path);
@@ -123,29 +123,35 @@ Status TokenFile::DetectFormat(const std::string& format) {
   const uint8_t* base = static_cast<const uint8_t*>(map_);
   int32_t header[kLlmcHeaderInts] = {};
   std::memcpy(header, base, std::min<size_t>(map_bytes_, sizeof header));
-  const bool llmc_magic = map_bytes_ >= kLlmcHeaderBytes && header[0] == kLlmcMagic;
+  const bool has_header = map_bytes_ >= kLlmcHeaderBytes;
+  const bool llmc16 = has_header && header[0] == kLlmcMagic;
+  const bool llmc32 = has_header && header[0] == kLlmcMagicU32;
   const bool bin_ext = path.size() > 4 && path.compare(path.size() - 4, 4, ".bin") == 0;
-  if (format != "text" && !llmc_magic) {
-    // A header in all but its magic: reading it as raw uint16 would train on
+  if (format != "text" && !llmc16 && !llmc32) {
+    // A header in all but its magic: reading it as raw tokens would train on
     // the header.
-    if (const char* other = map_bytes_ >= kLlmcHeaderBytes ? LlmcOtherFile(header[0]) : nullptr)
+    if (const char* other = has_header ? LlmcOtherFile(header[0]) : nullptr)
       return InvalidArgument("data file " + path + " is " + other + " (magic " + std::to_string(header[0]) +
-                             "), not an llm.c uint16 token file (magic 20240520)");
+                             "), not an llm.c token file (magic 20240520: uint16, 20240801: uint32)");
     if (LooksLikeLlmcHeader(header, map_bytes_))
       return InvalidArgument("data file " + path + " has an llm.c token file's 256-int header (version " +
                              std::to_string(header[1]) + ", " + std::to_string(header[2]) + " tokens) but magic " +
-                             std::to_string(header[0]) + ", not 20240520: corrupt or another format; strata does "
-                             "not read it as raw uint16 (that would train on the header)");
+                             std::to_string(header[0]) + ", not 20240520 or 20240801: corrupt or another format; "
+                             "strata does not read it as raw tokens (that would train on the header)");
   }
   if (format == "text") {
     format_ = Format::kText;
     format_reason_ = "data.format \"text\"";
-    if (llmc_magic)
-      warnings_.push_back(path + " starts with an llm.c token header (magic 20240520) but data.format is \"text\": "
-                          "its bytes are the tokens");
-  } else if (llmc_magic) {
-    format_ = Format::kLlmc;
-    format_reason_ = "detected from its header: magic 20240520, version " + std::to_string(header[1]);
+    if (llmc16 || llmc32)
+      warnings_.push_back(path + " starts with an llm.c token header (magic " + std::to_string(header[0]) +
+                          ") but data.format is \"text\": its bytes are the tokens");
+  } else if (llmc16 || llmc32) {
+    format_ = llmc16 ? Format::kLlmc : Format::kLlmcU32;
+    format_reason_ = "detected from its header: magic " + std::to_string(header[0]) + ", version " +
+                     std::to_string(header[1]);
+  } else if (format == "tokens32") {
+    format_ = Format::kRawU32;
+    format_reason_ = "data.format \"tokens32\", no llm.c header";
   } else if (format == "tokens" || bin_ext) {
     format_ = Format::kRawU16;
     format_reason_ = format == "tokens" ? "data.format \"tokens\", no llm.c header" : "by its .bin extension, no llm.c header";
@@ -156,60 +162,71 @@ Status TokenFile::DetectFormat(const std::string& format) {
     if (share > 0.01)
       warnings_.push_back(path + " is read as text (byte tokens), but " + Percent(share) + " of its first " +
                           std::to_string(std::min(map_bytes_, kTextProbeBytes)) +
-                          " bytes are control bytes, as in a binary token file; set data.format \"tokens\" to read "
-                          "it as uint16 tokens (or \"text\" to keep this and silence the warning)");
+                          " bytes are control bytes, as in a binary token file; set data.format \"tokens\" (uint16) "
+                          "or \"tokens32\" (uint32) to read it as tokens (or \"text\" to keep this and silence the "
+                          "warning)");
   }
-  if (format_ == Format::kText) {
-    bytes_ = base;
-    count_ = map_bytes_;
-  } else if (format_ == Format::kLlmc) {
-    if (header[1] != 1)
-      return InvalidArgument("llm.c token file " + path + " has version " + std::to_string(header[1]) +
-                             "; only version 1 (uint16 tokens) is supported");
-    if (header[2] < 0)
-      return DataLoss("llm.c token file's header gives a negative token count (" + std::to_string(header[2]) + ")", path,
-                      8);
-    header_bytes_ = kLlmcHeaderBytes;
-    const uint64_t have = (map_bytes_ - header_bytes_) / 2;
-    const uint64_t want = static_cast<uint64_t>(header[2]);
-    if (have < want)
-      return DataLoss("llm.c token file is truncated: the header says " + std::to_string(want) +
-                          " tokens but the file holds " + std::to_string(have),
-                      path, header_bytes_ + 2 * have);
-    if (map_bytes_ != header_bytes_ + 2 * want)
-      warnings_.push_back(path + ": " + std::to_string(map_bytes_ - header_bytes_ - 2 * want) +
-                          " bytes after the header's " + std::to_string(want) + " tokens are not read");
-    tokens_ = reinterpret_cast<const uint16_t*>(base + header_bytes_);
-    count_ = want;
-  } else {
-    if (map_bytes_ % 2)
-      return DataLoss("uint16 token file has an odd size (" + std::to_string(map_bytes_) + " bytes)", path,
-                      map_bytes_ - 1);
-    tokens_ = reinterpret_cast<const uint16_t*>(base);
-    count_ = map_bytes_ / 2;
-  }
+  if (format_ == Format::kLlmc || format_ == Format::kLlmcU32) return MapLlmcTokens(header);
+  token_bytes_ = format_ == Format::kText ? 1 : format_ == Format::kRawU16 ? 2 : 4;
+  if (map_bytes_ % static_cast<size_t>(token_bytes_))
+    return DataLoss("uint" + std::to_string(8 * token_bytes_) + " token file's size (" + std::to_string(map_bytes_) +
+                        " bytes) is not a multiple of " + std::to_string(token_bytes_),
+                    path, map_bytes_ - map_bytes_ % static_cast<size_t>(token_bytes_));
+  SetTokens(0, map_bytes_ / static_cast<size_t>(token_bytes_));
   return Status::OK();
 }
 
+// The tokens after an llm.c header: its version must be the one its magic
+// comes with, its count within the file.
+Status TokenFile::MapLlmcTokens(const int32_t* header) {
+  const bool u32 = format_ == Format::kLlmcU32;
+  const int32_t version = u32 ? 7 : 1;
+  token_bytes_ = u32 ? 4 : 2;
+  if (header[1] != version)
+    return InvalidArgument("llm.c token file " + path_ + " has magic " + std::to_string(header[0]) + " and version " +
+                           std::to_string(header[1]) + "; supported: magic 20240520 version 1 (uint16 tokens), magic "
+                           "20240801 version 7 (uint32 tokens, as llm.c writes for Llama 3)");
+  if (header[2] < 0)
+    return DataLoss("llm.c token file's header gives a negative token count (" + std::to_string(header[2]) + ")", path_,
+                    8);
+  const uint64_t width = static_cast<uint64_t>(token_bytes_);
+  const uint64_t have = (map_bytes_ - kLlmcHeaderBytes) / width;
+  const uint64_t want = static_cast<uint64_t>(header[2]);
+  if (have < want)
+    return DataLoss("llm.c token file is truncated: the header says " + std::to_string(want) +
+                        " tokens but the file holds " + std::to_string(have),
+                    path_, kLlmcHeaderBytes + width * have);
+  if (map_bytes_ != kLlmcHeaderBytes + width * want)
+    warnings_.push_back(path_ + ": " + std::to_string(map_bytes_ - kLlmcHeaderBytes - width * want) +
+                        " bytes after the header's " + std::to_string(want) + " tokens are not read");
+  SetTokens(kLlmcHeaderBytes, want);
+  return Status::OK();
+}
+
+void TokenFile::SetTokens(uint64_t header_bytes, uint64_t count) {
+  const uint8_t* p = static_cast<const uint8_t*>(map_) + header_bytes;
+  header_bytes_ = header_bytes;
+  count_ = count;
+  bytes_ = p;
+  tokens_ = reinterpret_cast<const uint16_t*>(p);
+  tokens32_ = reinterpret_cast<const uint32_t*>(p);
+}
+
 std::optional<uint64_t> TokenFile::FindIdAtLeast(uint64_t begin, uint64_t end, uint32_t limit) const {
-  if (format_ == Format::kText) {
-    if (limit > 255) return std::nullopt;
+  auto scan = [&](const auto* ids) -> std::optional<uint64_t> {
     for (uint64_t i = begin; i < end; ++i)
-      if (bytes_[i] >= limit) return i;
+      if (ids[i] >= limit) return i;
     return std::nullopt;
-  }
-  for (uint64_t i = begin; i < end; ++i)
-    if (tokens_[i] >= limit) return i;
-  return std::nullopt;
+  };
+  if (token_bytes_ == 1) return limit > 255 ? std::nullopt : scan(bytes_);
+  return token_bytes_ == 2 ? scan(tokens_) : scan(tokens32_);
 }
 
 TokenFile::~TokenFile() {
   if (map_) munmap(map_, map_bytes_);
 }
 
-uint64_t TokenFile::FileOffset(uint64_t i) const {
-  return format_ == Format::kText ? i : header_bytes_ + 2 * i;
-}
+uint64_t TokenFile::FileOffset(uint64_t i) const { return header_bytes_ + static_cast<uint64_t>(token_bytes_) * i; }
 
 Result<std::unique_ptr<DataLoader>> DataLoader::Open(const DataConfig& cfg, const std::string& default_path,
                                                      int vocab_size, int batch, int seq_len) {
@@ -324,7 +341,9 @@ std::string DataLoader::Describe() const {
     switch (f.format()) {
       case TokenFile::Format::kText: what = "text, byte-level tokens"; break;
       case TokenFile::Format::kLlmc: what = "llm.c uint16 tokens"; break;
+      case TokenFile::Format::kLlmcU32: what = "llm.c uint32 tokens"; break;
       case TokenFile::Format::kRawU16: what = "raw uint16 tokens"; break;
+      case TokenFile::Format::kRawU32: what = "raw uint32 tokens"; break;
     }
     return what + "; " + f.format_reason();
   };

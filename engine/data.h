@@ -1,11 +1,13 @@
 // Training data: token streams from files, memory-mapped, cut into batches.
 //
 // Formats (DataConfig::format, "auto" picks by content):
-// - llm.c token files: a 256 x int32 header (magic 20240520, version 1,
-//   token count) followed by uint16 tokens; detected from the header
+// - llm.c token files: a 256 x int32 header (magic, version, token count)
+//   followed by the tokens: magic 20240520 version 1, uint16 tokens (GPT-2),
+//   or magic 20240801 version 7, uint32 tokens (what llm.c's
+//   dev/data/data_common.py writes for Llama 3); detected from the header
 //   whatever the file's name;
 // - nanoGPT token files: raw uint16 tokens (".bin" with no header, or
-//   data.format "tokens");
+//   data.format "tokens"); raw uint32 tokens with data.format "tokens32";
 // - text: every byte is a token (vocabulary 256); a text file whose first
 //   64 KiB look binary gets a warning (set data.format).
 // A file whose header is an llm.c header but for its magic, or another llm.c
@@ -37,8 +39,8 @@ namespace strata {
 
 class TokenFile {
  public:
-  enum class Format { kText, kLlmc, kRawU16 };
-  // `format`: "auto", "text" or "tokens".
+  enum class Format { kText, kLlmc, kLlmcU32, kRawU16, kRawU32 };
+  // `format`: "auto", "text", "tokens" (uint16) or "tokens32" (uint32).
   static Result<std::unique_ptr<TokenFile>> Open(const std::string& path, const std::string& format);
   ~TokenFile();
   TokenFile(const TokenFile&) = delete;
@@ -46,7 +48,7 @@ class TokenFile {
 
   uint64_t size() const { return count_; }
   uint32_t operator[](uint64_t i) const {
-    return format_ == Format::kText ? bytes_[i] : tokens_[i];
+    return token_bytes_ == 1 ? bytes_[i] : token_bytes_ == 2 ? tokens_[i] : tokens32_[i];
   }
   Format format() const { return format_; }
   // Why the format is what it is ("detected from its header: ...").
@@ -62,12 +64,16 @@ class TokenFile {
  private:
   TokenFile() = default;
   Status DetectFormat(const std::string& format);
+  Status MapLlmcTokens(const int32_t* header);
+  void SetTokens(uint64_t header_bytes, uint64_t count);
   std::string path_;
   Format format_ = Format::kText;
   void* map_ = nullptr;
   size_t map_bytes_ = 0;
   const uint8_t* bytes_ = nullptr;
   const uint16_t* tokens_ = nullptr;
+  const uint32_t* tokens32_ = nullptr;
+  int token_bytes_ = 1;  // 1 (text), 2 or 4
   uint64_t count_ = 0;
   uint64_t header_bytes_ = 0;
   std::string format_reason_;

@@ -27,7 +27,8 @@ Result<nlohmann::json> ReadJsonIn(const std::string& dir, const std::string& nam
 
 }  // namespace
 
-Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir) {
+Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir,
+                                    const std::string& torch_dtype) {
   if (spec.family != "gpt2")
     return Unavailable("no Hugging Face config.json for the model family '" + spec.family + "'");
   ASSIGN_OR_RETURN(nlohmann::json c, ReadJsonIn(source_dir, "config.json"));
@@ -48,7 +49,7 @@ Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::st
   // The float's nearest short decimal (1e-05, not 9.999999747378752e-06).
   c["layer_norm_epsilon"] = std::stod(std::to_string(spec.block.norm_eps * 1e6)) / 1e6;
   c["tie_word_embeddings"] = spec.head.tied;
-  c["torch_dtype"] = "float32";  // the checkpoint's weights are the fp32 masters
+  c["torch_dtype"] = torch_dtype;  // the dtype of the weights beside it
   // A token id the vocabulary no longer holds would break generation.
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() >= spec.vocab_size) c.erase(k);

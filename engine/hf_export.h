@@ -35,8 +35,10 @@
 namespace strata {
 
 // config.json for `spec` (over `source_dir`'s config.json when it has one;
-// "" = none). Unavailable for a family transformers has no class for here.
-Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir);
+// "" = none), its torch_dtype ("bfloat16", "float32") that of the weights
+// beside it. Unavailable for a family transformers has no class for here.
+Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir,
+                                    const std::string& torch_dtype);
 
 // generation_config.json: `source_dir`'s when it has one, else built from `config`.
 Result<nlohmann::json> HfGenerationConfig(const nlohmann::json& config, const std::string& source_dir);

@@ -1,32 +1,74 @@
-// Hugging Face weights into a model's units: which file a model directory's
-// weights are in, and one unit's parameters read from it by their Hugging
-// Face names (with or without the family's base prefix, "transformer."),
-// shapes checked. Shared by --init-from (engine/model_state.h) and the
-// inference commands (engine/inference_model.h).
+// A Hugging Face model's weights as save_pretrained writes them, read one
+// safetensors file at a time:
 //
-// Thread-safety: free functions.
+//   FILE                       a safetensors file
+//   DIR/model.safetensors      a model directory, unsharded (preferred, as
+//                              transformers prefers it, when both are there)
+//   DIR/model.safetensors.index.json + DIR/model-0000N-of-0000M.safetensors
+//                              a sharded one: the index's "weight_map" names
+//                              each tensor's file
+//
+// Open reads every file's header (each file mapped while its header is read,
+// then unmapped) and checks the index against the files: a file it names
+// that is missing, a tensor it places in a file that lacks it, or a tensor
+// of a file that it does not list is an error naming the index, the file and
+// the tensor (a tensor also in a file other than the index's is read from
+// the index's); a truncated file is one naming the file
+// and the tensor (SafetensorsFile::Open). Reading maps the one file holding
+// the tensor, unmapping the file read before: at most one file of the model
+// is mapped at a time, so a loader that reads tensor by tensor holds no more
+// than one shard's pages (file-backed, clean, reclaimable) beside its own
+// buffers.
+//
+// Thread-safety: one thread (the mapped file is state).
 #pragma once
 
+#include <map>
+#include <optional>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/safetensors.h"
-#include "models/model_spec.h"
 
 namespace strata {
 
-// The weights file of `path`: the path itself, or a model directory's
-// single model.safetensors (a directory as Hugging Face saves one). Errors
-// name `flag` and say what the directory holds instead (a sharded
-// checkpoint, a PyTorch .bin, nothing).
-Result<std::string> HfWeightsFile(const std::string& path, const std::string& flag);
+struct HfTensor {
+  std::string file;        // the path of the safetensors file holding it
+  SafetensorsEntry entry;  // its name, dtype, shape and place in that file
+};
 
-// Unit `unit` of `spec` from `f`: every parameter of the unit (its tensor
-// named prefix + its Hugging Face name, or without the spec's base prefix)
-// converted to fp32 at its offset in `master` (the unit's numel; the
-// padding is left as it is). NotFound naming the tensor and the file, or
-// InvalidArgument naming both shapes.
-Status ReadUnitFromHf(const SafetensorsFile& f, const models::ModelSpec& spec, int unit, const std::string& prefix,
-                      float* master);
+class HfWeights {
+ public:
+  // `path`: a safetensors file or a model directory (above).
+  static Result<HfWeights> Open(const std::string& path);
+
+  // The file or directory opened, and the index ("" unsharded).
+  const std::string& path() const { return path_; }
+  const std::string& index_path() const { return index_; }
+  // The safetensors files, in order.
+  const std::vector<std::string>& files() const { return files_; }
+  // Every tensor, by name.
+  const std::map<std::string, HfTensor>& tensors() const { return tensors_; }
+  const HfTensor* Find(const std::string& name) const;
+
+  // The first out.size() elements of `t` as fp32 (SafetensorsFile::ReadF32Into),
+  // mapping its file if it is not the one mapped.
+  Status ReadF32Into(const HfTensor& t, std::span<float> out);
+
+ private:
+  HfWeights() = default;
+  Status AddFile(const std::string& file, const std::map<std::string, std::string>* weight_map);
+  std::string path_, index_;
+  std::vector<std::string> files_;
+  std::map<std::string, HfTensor> tensors_;
+  std::optional<SafetensorsFile> mapped_;  // the file mapped now, if any
+};
+
+// The weights file or index of a model directory `dir` as transformers looks
+// for them (model.safetensors, else model.safetensors.index.json); NotFound or
+// InvalidArgument saying what the directory holds instead.
+Result<std::string> HfWeightsEntry(const std::string& dir);
 
 }  // namespace strata

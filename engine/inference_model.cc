@@ -3,10 +3,12 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <span>
 
 #include "base/half.h"
 #include "engine/checkpoint.h"
 #include "engine/config.h"
+#include "engine/hf_import.h"
 #include "engine/hf_weights.h"
 #include "engine/model_config.h"
 #include "engine/safetensors.h"
@@ -70,11 +72,18 @@ Result<InferenceModel> LoadInferenceModel(const std::string& dir, kernels::Backe
     if (!step.ok()) return step.status().WithContext(flag + " " + dir);
     m.dir = *step;
   }
-  ASSIGN_OR_RETURN(m.weights, HfWeightsFile(m.dir, flag));
-  Result<WeightsModel> w = ModelFromHfWeights(m.weights);
+  // A strata step directory holds the fp32 masters the run trained
+  // (master.safetensors) beside the Hugging Face weights in the save dtype
+  // (bf16 by default): generation and eval read the masters, so that they
+  // give the trainer's numbers.
+  const std::string masters = m.dir + "/master.safetensors";
+  Result<HfWeights> weights = HfWeights::Open(IsFile(masters) ? masters : m.dir);
+  if (!weights.ok()) return weights.status().WithContext(flag + " " + dir);
+  m.weights = weights->index_path().empty() ? weights->files().front() : weights->index_path();
+  Result<WeightsModel> w = ModelFromHfWeights(m.dir);
   if (!w.ok()) return w.status().WithContext(flag + " " + dir);
   Config c = DefaultConfig();
-  c.source = m.weights;
+  c.source = m.dir;
   c.model = w->model;
   ASSIGN_OR_RETURN(m.spec, ModelSpecFor(c));
   m.dtype = dtype;
@@ -83,10 +92,14 @@ Result<InferenceModel> LoadInferenceModel(const std::string& dir, kernels::Backe
   if (manifest.is_object() && manifest.contains("config")) m.train_config = manifest["config"];
   m.has_tokenizer = IsFile(m.dir + "/tokenizer.json");
 
-  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(m.weights));
+  ASSIGN_OR_RETURN(const std::vector<HfParamSource> sources, MatchHfTensors(*weights, m.spec, ""));
   for (int u = 0; u < m.spec.num_units(); ++u) {
     std::vector<float> master(static_cast<size_t>(m.spec.units[static_cast<size_t>(u)].numel), 0.f);
-    RETURN_IF_ERROR(ReadUnitFromHf(f, m.spec, u, "", master.data()));
+    for (const HfParamSource& src : sources) {
+      if (src.param->unit != u) continue;
+      std::span<float> dst(master.data() + src.param->offset, static_cast<size_t>(src.param->numel));
+      RETURN_IF_ERROR(weights->ReadF32Into(*src.tensor, dst));
+    }
     const std::vector<uint8_t> bytes = Encode(master, dtype);
     ASSIGN_OR_RETURN(kernels::DeviceBuffer b, backend->Allocate(bytes.size()));
     RETURN_IF_ERROR(backend->CopyToDevice(b.data(), bytes.data(), bytes.size()));

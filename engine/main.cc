@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -135,8 +136,9 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "with --resume: accept config changes that make the run differ from an uninterrupted one (batch size, "
       "learning rate, precision, ...)")(
       "init-from", po::value(&f->init_from)->value_name("DIR|FILE"),
-      "start from Hugging Face GPT-2 weights: a model directory (its model.safetensors; its tokenizer files go into "
-      "every checkpoint) or a model.safetensors, e.g. to fine-tune GPT-2")(
+      "start from Hugging Face GPT-2 weights: a model directory (model.safetensors, or shards with "
+      "model.safetensors.index.json; its tokenizer files go into every checkpoint) or a safetensors file, e.g. to "
+      "fine-tune GPT-2")(
       "gpu-memory-limit", po::value(&f->gpu_limit)->value_name("SIZE"),
       "GPU memory strata may use, e.g. 24GiB (default: what the card has free)")(
       "host-memory-limit", po::value(&f->host_limit)->value_name("SIZE"),
@@ -225,7 +227,9 @@ strata::Status CheckTrainFlags(const TrainFlags& f) {
     if (!strata::IsUtf8(f.data))
       return strata::InvalidArgument("--data: the path is not valid UTF-8: " + strata::PrintableText(f.data));
   }
-  if (f.Given("init-from")) RETURN_IF_ERROR(CheckPathFlag("--init-from", f.init_from, false, true));
+  // --init-from: a model directory or a safetensors file.
+  if (f.Given("init-from"))
+    RETURN_IF_ERROR(CheckPathFlag("--init-from", f.init_from, std::filesystem::is_directory(f.init_from), true));
   if (f.Given("log-json")) RETURN_IF_ERROR(CheckPathFlag("--log-json", f.log_json, false, false));
   if (f.Given("save")) RETURN_IF_ERROR(CheckPathFlag("--save", f.save, true, false));
   if (f.Given("resume")) RETURN_IF_ERROR(CheckPathFlag("--resume", f.resume, true, true));

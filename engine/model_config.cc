@@ -6,7 +6,8 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/config_json.h"
-#include "engine/safetensors.h"
+#include "engine/hf_export.h"
+#include "engine/hf_weights.h"
 #include "models/gpt2.h"
 
 namespace strata {
@@ -37,10 +38,10 @@ double ModelFlopsPerToken(const models::ModelSpec& m, int64_t seq) {
 
 namespace {
 
-// "n_head" of the config.json beside `weights`, or 0.
+// "n_head" of the config.json of the model directory of `weights` (itself,
+// or the file's directory), or 0.
 int HeadsFromConfigJson(const std::string& weights, std::string* from) {
-  const size_t slash = weights.rfind('/');
-  const std::string path = (slash == std::string::npos ? "" : weights.substr(0, slash + 1)) + "config.json";
+  const std::string path = ModelSourceDir(weights) + "/config.json";
   Result<std::string> text = ReadConfigText(path);
   if (!text.ok()) return 0;
   Result<nlohmann::json> j = ParseConfigJson(*text, path);
@@ -58,22 +59,27 @@ int HeadsFromConfigJson(const std::string& weights, std::string* from) {
 }  // namespace
 
 Result<WeightsModel> ModelFromHfWeights(const std::string& path) {
-  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+  ASSIGN_OR_RETURN(HfWeights f, HfWeights::Open(path));
+  auto find = [&f](const std::string& name) -> const SafetensorsEntry* {
+    const HfTensor* t = f.Find(name);
+    return t ? &t->entry : nullptr;
+  };
   std::string prefix;
-  const SafetensorsEntry* wte = f.Find("wte.weight");
+  const SafetensorsEntry* wte = find("wte.weight");
   if (!wte) {
     prefix = "transformer.";
-    wte = f.Find(prefix + "wte.weight");
+    wte = find(prefix + "wte.weight");
   }
   if (!wte) return NotFound("no GPT-2 token embedding (wte.weight or transformer.wte.weight) in " + path);
-  const SafetensorsEntry* wpe = f.Find(prefix + "wpe.weight");
+  const SafetensorsEntry* wpe = find(prefix + "wpe.weight");
   if (!wpe) return NotFound("no GPT-2 position embedding (" + prefix + "wpe.weight) in " + path);
   if (wte->shape.rank() != 2 || wpe->shape.rank() != 2 || wte->shape[1] != wpe->shape[1])
     return InvalidArgument(path + ": wte " + wte->shape.ToString() + " and wpe " + wpe->shape.ToString() +
                            " are not [vocab, d] and [positions, d] of one width");
   std::set<int64_t> layers;
   const std::string h = prefix + "h.";
-  for (const SafetensorsEntry& e : f.entries()) {
+  for (const auto& [name, t] : f.tensors()) {
+    const SafetensorsEntry& e = t.entry;
     if (e.name.rfind(h, 0) != 0) continue;
     const size_t dot = e.name.find('.', h.size());
     const std::string n = e.name.substr(h.size(), dot == std::string::npos ? std::string::npos : dot - h.size());

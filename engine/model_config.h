@@ -17,7 +17,8 @@ namespace strata {
 // InvalidArgument naming "<source>: model" and the field when the section is off.
 Result<models::ModelSpec> ModelSpecFor(const Config& c);
 
-// The model that Hugging Face GPT-2 weights are (a model.safetensors, for a
+// The model that Hugging Face GPT-2 weights are (a safetensors file, or a
+// model directory, sharded or not: engine/hf_weights.h; for a
 // config without a "model" section and --init-from): the layers, width,
 // vocabulary and positions from the tensors' shapes (wte, wpe, h.<l>.*, with
 // or without the "transformer." prefix), the heads from the config.json

@@ -10,8 +10,8 @@
 #include <tbb/task_arena.h>
 
 #include "base/half.h"
+#include "engine/hf_import.h"
 #include "engine/hf_weights.h"
-#include "engine/safetensors.h"
 #include "models/init.h"
 
 namespace strata {
@@ -144,13 +144,22 @@ Status ModelState::InitRandom(uint64_t seed) {
   return first;
 }
 
+// Tensor by tensor into one unit's fp32 master at a time, converted from the
+// file's dtype on the way; the run's dtypes are made from the master by
+// WriteShardState. Extra host memory: the unit's buffers and the one
+// weights file mapped (engine/hf_weights.h).
 Status ModelState::InitFromHf(const std::string& from, const std::string& prefix) {
-  ASSIGN_OR_RETURN(const std::string path, HfWeightsFile(from, "--init-from"));
-  ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
+  ASSIGN_OR_RETURN(HfWeights weights, HfWeights::Open(from));
+  ASSIGN_OR_RETURN(const std::vector<HfParamSource> sources, MatchHfTensors(weights, spec_, prefix));
   for (size_t si = 0; si < shards_.size(); ++si) {
     std::vector<float> master(static_cast<size_t>(shards_[si].numel), 0.f);
-    RETURN_IF_ERROR(ReadUnitFromHf(f, spec_, static_cast<int>(si), prefix, master.data()));
-    RETURN_IF_ERROR(WriteShardState(si, master.data(), nullptr, nullptr));
+    for (const HfParamSource& src : sources) {
+      if (src.param->unit != static_cast<int>(si)) continue;
+      std::span<float> dst(master.data() + src.param->offset, static_cast<size_t>(src.param->numel));
+      RETURN_IF_ERROR(weights.ReadF32Into(*src.tensor, dst));
+    }
+    RETURN_IF_ERROR(WriteShardState(si, master.data(), nullptr, nullptr).WithContext("initializing " +
+                                                                                       shards_[si].name));
   }
   return Status::OK();
 }

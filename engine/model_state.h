@@ -88,11 +88,13 @@ class ModelState {
   // ---- initialization and state I/O ------------------------------------------
   // The family's initialization (models/init.h), shards in parallel.
   Status InitRandom(uint64_t seed);
-  // Parameters from a safetensors file under the spec's Hugging Face names
-  // (with or without the family's base prefix, after `prefix`), any float
-  // dtype; m = v = 0. A position table may have more rows than the run uses.
-  // `path` is the file, or a model directory holding one model.safetensors
-  // (a sharded one is Unavailable, naming it).
+  // Parameters from Hugging Face weights (engine/hf_weights.h: a safetensors
+  // file, or a model directory, sharded or not) under the spec's names (with
+  // or without the family's base prefix, after `prefix`), any float dtype,
+  // checked whole before anything is written (engine/hf_import.h); m = v = 0.
+  // A position table may have more rows than the run uses. Streams a unit at
+  // a time into the store (each unit where the plan homes it), one weights
+  // file mapped at a time.
   Status InitFromHf(const std::string& path, const std::string& prefix);
   // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
   // parameters become the master rounded to the compute dtype; the gradients zeros.

@@ -17,12 +17,13 @@ namespace strata {
 
 namespace {
 
-// A checkpoint's size: fp32 master, m and v of every parameter, and a
-// megabyte for the manifest, config and tokenizer files.
-uint64_t CheckpointBytes(const models::ModelSpec& spec) {
+// A checkpoint's size: fp32 master, m and v of every parameter, the Hugging
+// Face weights (trainer.save_dtype), and a megabyte for the manifest, config
+// and tokenizer files.
+uint64_t CheckpointBytes(const models::ModelSpec& spec, const std::string& save_dtype) {
   uint64_t n = 0;
   for (const auto& p : spec.params) n += static_cast<uint64_t>(p.numel);
-  return 12 * n + (1ull << 20);
+  return (12 + (save_dtype == "fp32" ? 4 : 2)) * n + (1ull << 20);
 }
 
 Status CheckNvmeDir(const std::string& dir, uint64_t need, IoEnv* env) {
@@ -78,7 +79,7 @@ Status CheckSources(const TrainOptions& o) {
 Status PreflightChecks(const TrainOptions& o, const RunPlan& run, const TierSizes& tiers,
                        const models::ModelSpec& spec, bool cuda, std::vector<std::string>* warnings) {
   RETURN_IF_ERROR(CheckSources(o));
-  RETURN_IF_ERROR(CheckSaveDir(o.save_dir, CheckpointBytes(spec), warnings));
+  RETURN_IF_ERROR(CheckSaveDir(o.save_dir, CheckpointBytes(spec, o.config.trainer.save_dtype), warnings));
   if (!o.log_json.empty()) RETURN_IF_ERROR(CheckLogFile(o.log_json));
   if (run.plan.nvme_total > 0 || run.plan.optimizer == TierKind::kNvme || run.plan.params == TierKind::kNvme)
     RETURN_IF_ERROR(CheckNvmeDir(NvmeDirOf(o.config), run.plan.nvme_total, o.nvme_env ? o.nvme_env : IoEnv::Default()));

@@ -208,6 +208,36 @@ Result<std::vector<float>> SafetensorsFile::ReadF32(const std::string& name) con
 Result<std::vector<double>> SafetensorsFile::ReadF64(const std::string& name) const {
   return Convert<double>(*this, name);
 }
+Status SafetensorsFile::ReadF32Into(const SafetensorsEntry& e, std::span<float> out) const {
+  if (out.size() > static_cast<size_t>(e.shape.numel()))
+    return InvalidArgument("tensor '" + e.name + "' in " + path_ + " has " + std::to_string(e.shape.numel()) +
+                           " elements, " + std::to_string(out.size()) + " were asked for");
+  const uint8_t* p = data_ + e.offset;
+  auto halves = [&](float (*to_float)(uint16_t)) {
+    for (size_t i = 0; i < out.size(); ++i) {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * i, 2);
+      out[i] = to_float(h);
+    }
+  };
+  switch (e.dtype) {
+    case DType::kF32: std::memcpy(out.data(), p, out.size() * 4); break;
+    case DType::kBF16: halves(BF16ToFloat); break;
+    case DType::kF16: halves(HalfToFloat); break;
+    case DType::kF64:
+      for (size_t i = 0; i < out.size(); ++i) {
+        double d;
+        std::memcpy(&d, p + 8 * i, 8);
+        out[i] = static_cast<float>(d);
+      }
+      break;
+    default:
+      return InvalidArgument("tensor '" + e.name + "' in " + path_ + " is " + std::string(DTypeName(e.dtype)) +
+                             ", not a floating-point tensor (bf16, fp16, fp32 or fp64)");
+  }
+  return Status::OK();
+}
+
 Result<std::vector<int32_t>> SafetensorsFile::ReadI32(const std::string& name) const {
   const SafetensorsEntry* e = Find(name);
   if (e && IsFloating(e->dtype))

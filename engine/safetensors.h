@@ -55,6 +55,10 @@ class SafetensorsFile {
   // Same, to fp64.
   Result<std::vector<double>> ReadF64(const std::string& name) const;
   Result<std::vector<int32_t>> ReadI32(const std::string& name) const;
+  // The first out.size() elements (at most the tensor's) of a floating
+  // tensor (f32/f16/bf16/f64) converted to fp32 into `out`, without a copy
+  // of the tensor; an integer tensor is InvalidArgument naming it and the file.
+  Status ReadF32Into(const SafetensorsEntry& e, std::span<float> out) const;
 
  private:
   SafetensorsFile() = default;

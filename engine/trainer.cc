@@ -388,6 +388,8 @@ Status Trainer::Save(const std::string& dir) {
     ts.scaler = I.scaler->state();
     ts.precision = I.cfg().precision();
     CheckpointExtras extras{ConfigToJson(I.cfg()), I.model_source, I.log};
+    extras.hf_dtype = I.cfg().trainer.save_dtype == "fp32" ? DType::kF32 : DType::kBF16;
+    ASSIGN_OR_RETURN(extras.hf_max_shard_bytes, ParseBytes(I.cfg().trainer.save_max_shard_size));
     ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, extras));
     return Status::OK();
   });

@@ -7,6 +7,9 @@
 #                         Python's packages: strata.torch's tests run in it
 #   BUILD/python-wheels   the build requirements of pyproject.toml, from PyPI,
 #                         so that the pip-install test builds offline
+#   in BUILD/venv         Hugging Face transformers and tokenizers from PyPI
+#                         (engine.hf_step_dir, python.tokenize): over torch
+#                         1.x, transformers 4.44.2, known to load models there
 # Neither the system's Python nor pyenv's is changed (Debian's refuses pip
 # installs: PEP 668). Usage: scripts/python-env.sh [BUILD]   (default: build)
 set -euo pipefail
@@ -46,4 +49,17 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$requires" ]; then
   else
     echo "strata: could not fetch them (no index?); the pip-install test will ask the index itself" >&2
   fi
+fi
+# transformers (with tokenizers, safetensors) for the Hugging Face round trip
+# and the tokenizer script's tests; skipped with a note when the index is
+# out of reach (those tests then say they were skipped).
+if ! "$build/venv/bin/python" -c 'import transformers, tokenizers' 2>/dev/null; then
+  hf="transformers tokenizers"
+  if "$build/venv/bin/python" -c 'import sys, torch; sys.exit(int(torch.__version__.split(".")[0]) >= 2)' 2>/dev/null; then
+    hf="transformers==4.44.2"  # one that loads models over torch 1.13 (checked with Debian's)
+  fi
+  echo "strata: installing $hf into $build/venv (for engine.hf_step_dir and python.tokenize)"
+  # shellcheck disable=SC2086
+  "$build/venv/bin/python" -m pip install --quiet --disable-pip-version-check $hf ||
+    echo "strata: could not install $hf (no index?); the Hugging Face tests will be skipped" >&2
 fi

@@ -76,8 +76,8 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsDataLossNamingIt) {
   const std::string step = dir.File("step-000001");
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(step)) files.push_back(e.path().filename().string());
-  for (const char* f : {"model.safetensors", "optimizer.safetensors", "manifest.json", "config.json",
-                        "generation_config.json"})
+  for (const char* f : {"model.safetensors", "master.safetensors", "optimizer.safetensors", "manifest.json",
+                        "config.json", "generation_config.json"})
     EXPECT_NE(std::find(files.begin(), files.end(), f), files.end()) << f;
   for (const std::string& name : files) {
     const std::string path = step + "/" + name;
@@ -98,18 +98,18 @@ TEST(Checkpoint, AFlippedByteInAnyFileIsDataLossNamingIt) {
 }
 
 // An exponent bit flipped in a weight (the loss would have gone from 4.12 to
-// 5.54 with exit 0): the error names model.safetensors and both checksums.
+// 5.54 with exit 0): the error names master.safetensors and both checksums.
 TEST(Checkpoint, AFlippedExponentIsCaught) {
   TempDir dir;
   TrainAndSave(Tiny(1), 1, dir.path());
-  const std::string path = dir.File("step-000001/model.safetensors");
+  const std::string path = dir.File("step-000001/master.safetensors");
   std::string bytes = FileBytes(path);
   bytes[bytes.size() - 1] = static_cast<char>(bytes[bytes.size() - 1] ^ 0x40);  // the last float's exponent
   WriteBytes(path, bytes);
   Status s = Resume(dir.path());
   ASSERT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_THAT(s.ToString(), HasSubstr("does not match its checksum"));
-  EXPECT_THAT(s.ToString(), HasSubstr("model.safetensors"));
+  EXPECT_THAT(s.ToString(), HasSubstr("master.safetensors"));
 }
 
 // A state file copied in from another step's directory: the error says which
@@ -117,7 +117,7 @@ TEST(Checkpoint, AFlippedExponentIsCaught) {
 TEST(Checkpoint, AFileFromAnotherStepIsRefused) {
   TempDir dir;
   TrainAndSave(Tiny(2), 2, dir.path(), /*every=*/true);
-  for (const char* f : {"model.safetensors", "optimizer.safetensors"}) {
+  for (const char* f : {"model.safetensors", "master.safetensors", "optimizer.safetensors"}) {
     SCOPED_TRACE(f);
     const std::string two = dir.File(std::string("step-000002/") + f);
     const std::string good = FileBytes(two);
@@ -279,19 +279,20 @@ TEST(Checkpoint, InitFromAcceptsAModelDirectory) {
     got.push_back(w);
   }
   EXPECT_EQ(got[0], got[1]);
-  // A directory without model.safetensors says what it has instead.
+  // A directory without model.safetensors reads the index instead (a
+  // sharded directory: tests/engine/hf_weights_test.cc), or says it has neither.
   fs::remove(model.File("gpt2/model.safetensors"));
   WriteBytes(model.File("gpt2/model.safetensors.index.json"), "{}");
   TrainOptions o = Tiny(1);
   o.init_from = model.File("gpt2");
   std::ostringstream log;
   auto t = Trainer::Create(o, log);
-  EXPECT_THAT(t, StatusIs(StatusCode::kUnavailable));
-  EXPECT_THAT(t.status().ToString(), HasSubstr("sharded"));
+  EXPECT_THAT(t, StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(t.status().ToString(), HasSubstr("weight_map"));
   fs::remove(model.File("gpt2/model.safetensors.index.json"));
   t = Trainer::Create(o, log);
   EXPECT_THAT(t, StatusIs(StatusCode::kNotFound));
-  EXPECT_THAT(t.status().ToString(), HasSubstr("without a model.safetensors"));
+  EXPECT_THAT(t.status().ToString(), HasSubstr("without model.safetensors"));
 }
 
 }  // namespace

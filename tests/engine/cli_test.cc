@@ -124,6 +124,11 @@ TEST(Cli, AConfigWithoutAModelIsAnErrorTheDemoStays) {
       {"train", "--config", dir.File("c.json"), "--init-from", weights, "--dry-run", "--backend", "cpu"});
   ASSERT_EQ(from.rc, 0) << from.output;
   EXPECT_THAT(from.output, HasSubstr("2 layers, d 64, 4 heads, vocab 256"));
+  // The model directory itself (it was "is a directory; give a file").
+  StrataRun from_dir = RunStrata(
+      {"train", "--config", dir.File("c.json"), "--init-from", dir.path(), "--dry-run", "--backend", "cpu"});
+  ASSERT_EQ(from_dir.rc, 0) << from_dir.output;
+  EXPECT_THAT(from_dir.output, HasSubstr("2 layers, d 64, 4 heads, vocab 256"));
 }
 
 // Stage 0/1/2 on one rank: the plan's header says what the stage means.

@@ -121,6 +121,14 @@ TEST(Config, BadValuesNameTheAllowedOnes) {
               AllOf(HasSubstr("trainer.schedule"), HasSubstr("layer-major"), HasSubstr("micro-batch-major")));
   EXPECT_THAT(Err(R"({"trainer": {"gpu_assisted_optimizer": "maybe"}})"),
               AllOf(HasSubstr("trainer.gpu_assisted_optimizer"), HasSubstr("auto")));
+  EXPECT_THAT(Err(R"({"trainer": {"save_dtype": "fp16"}})"),
+              AllOf(HasSubstr("trainer.save_dtype"), HasSubstr("bf16"), HasSubstr("fp32")));
+  EXPECT_THAT(Err(R"({"trainer": {"save_max_shard_size": "5 parsecs"}})"),
+              AllOf(HasSubstr("trainer.save_max_shard_size"), HasSubstr("parsecs")));
+  EXPECT_THAT(Err(R"({"trainer": {"save_max_shard_size": "0"}})"), HasSubstr("more than 0"));
+  ASSERT_OK_AND_ASSIGN(Config c, Parse(R"({"trainer": {"save_dtype": "fp32", "save_max_shard_size": "2GiB"}})"));
+  EXPECT_EQ(c.trainer.save_dtype, "fp32");
+  EXPECT_EQ(c.trainer.save_max_shard_size, "2GiB");
 }
 
 TEST(Config, IgnoringWhatChangesTheResultIsAnError) {
@@ -339,6 +347,8 @@ Config EveryFieldSet() {
   c.trainer.gpu_assisted_optimizer = "off";
   c.trainer.schedule = "micro-batch-major";
   c.trainer.nvme_checksum = "xxh64";
+  c.trainer.save_dtype = "fp32";
+  c.trainer.save_max_shard_size = "2GiB";
   return c;
 }
 

@@ -2,7 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <filesystem>
 #include <fstream>
+#include <tuple>
 #include <utility>
 
 #include "tests/test_util.h"
@@ -147,7 +149,7 @@ TEST(Data, OtherLlmcFilesAreNamed) {
   TempDir dir;
   const std::pair<int32_t, const char*> cases[] = {{20240326, "model checkpoint"},
                                                    {20240328, "tokenizer"},
-                                                   {20240801, "uint32 token file"}};
+                                                   {20240801, "version 7 (uint32 tokens"}};  // a uint32 file's magic, version 3
   for (const auto& [magic, what] : cases) {
     std::string p = dir.File("f" + std::to_string(magic) + ".bin");
     std::vector<int32_t> header(256 + 64, 0);
@@ -158,6 +160,69 @@ TEST(Data, OtherLlmcFilesAreNamed) {
     EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument)) << magic;
     EXPECT_THAT(r.status().ToString(), HasSubstr(what));
   }
+}
+
+void WriteLlmcU32(const std::string& path, const std::vector<uint32_t>& toks, int32_t version = 7) {
+  std::vector<int32_t> header(256, 0);
+  header[0] = 20240801;
+  header[1] = version;
+  header[2] = static_cast<int32_t>(toks.size());
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), 1024);
+  out.write(reinterpret_cast<const char*>(toks.data()), static_cast<std::streamsize>(4 * toks.size()));
+}
+
+// Large vocabularies: llm.c's uint32 token files (magic 20240801, version 7,
+// as its data_common.py writes for Llama 3) and raw uint32 files
+// (data.format "tokens32") carry ids past 65535; an id outside the
+// vocabulary names the file and its byte offset at 4 bytes a token.
+TEST(Data, Uint32TokenFiles) {
+  TempDir dir;
+  std::vector<uint32_t> toks(300);
+  for (size_t i = 0; i < toks.size(); ++i) toks[i] = static_cast<uint32_t>(100000 + i);
+  const std::string llmc = dir.File("llama.tokens"), raw = dir.File("raw.u32");
+  WriteLlmcU32(llmc, toks);
+  std::ofstream(raw, std::ios::binary).write(reinterpret_cast<const char*>(toks.data()), 4 * 300);
+  for (const auto& [path, format, want] : {std::tuple{llmc, "auto", TokenFile::Format::kLlmcU32},
+                                           std::tuple{raw, "tokens32", TokenFile::Format::kRawU32}}) {
+    SCOPED_TRACE(path);
+    DataConfig cfg;
+    cfg.path = path;
+    cfg.format = format;
+    cfg.sampling = "sequential";
+    cfg.val_fraction = 0;
+    ASSERT_OK_AND_ASSIGN(auto d, DataLoader::Open(cfg, "", 128256, 2, 10));
+    EXPECT_THAT(d->Describe(), HasSubstr("uint32 tokens"));
+    std::vector<int32_t> x(20), y(20);
+    ASSERT_OK(d->NextTrain(x.data(), y.data()));
+    for (int t = 0; t < 10; ++t) {
+      EXPECT_EQ(x[t], 100000 + t);
+      EXPECT_EQ(y[t], 100001 + t);
+      EXPECT_EQ(x[10 + t], 100010 + t);
+    }
+    ASSERT_OK_AND_ASSIGN(auto f, TokenFile::Open(path, format));
+    EXPECT_EQ(f->format(), want);
+    EXPECT_EQ(f->size(), 300u);
+    // vocab 100007: token 7 (100007) is the first outside it.
+    auto r = DataLoader::Open(cfg, "", 100007, 1, 8);
+    EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+    const uint64_t offset = (path == llmc ? 1024 : 0) + 4 * 7;
+    EXPECT_THAT(r.status().ToString(), AllOf(HasSubstr("token id 100007"), HasSubstr(path),
+                                             HasSubstr("byte offset " + std::to_string(offset))));
+  }
+  // The uint32 magic with another version, a raw file of a size not a
+  // multiple of 4, a truncated uint32 file: errors naming the file.
+  WriteLlmcU32(llmc, toks, 2);
+  auto v = TokenFile::Open(llmc, "auto");
+  EXPECT_THAT(v, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(v.status().ToString(), AllOf(HasSubstr(llmc), HasSubstr("version 2"), HasSubstr("version 7")));
+  std::ofstream(raw, std::ios::binary | std::ios::app) << "x";
+  EXPECT_THAT(TokenFile::Open(raw, "tokens32"), StatusIs(StatusCode::kDataLoss));
+  WriteLlmcU32(llmc, toks);
+  std::filesystem::resize_file(llmc, 1024 + 4 * 299 + 2);
+  auto cut = TokenFile::Open(llmc, "auto");
+  EXPECT_THAT(cut, StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(cut.status().ToString(), AllOf(HasSubstr("truncated"), HasSubstr("300 tokens"), HasSubstr("299")));
 }
 
 // The format is detected from the header whatever the name, and stated with

@@ -3,7 +3,9 @@
 Fine-tunes (--init-from a model directory that has a tokenizer) and loads
 the step directory it saved with AutoConfig, GenerationConfig and
 AutoTokenizer, and, where torch is importable, AutoModelForCausalLM (its
-weights those of model.safetensors, a forward pass on the tokenizer's ids).
+weights those of model.safetensors, a forward pass on the tokenizer's ids),
+then sharded fp32 and bf16 weights (trainer.save_dtype,
+save_max_shard_size) giving strata's validation loss in transformers.
 
 Usage: hf_step_dir_test.py STRATA_BINARY. Exits 77 (CTest: skipped), saying
 why, when transformers is not importable.
@@ -53,6 +55,46 @@ def run(strata, *args):
         print(r.stdout)
         raise SystemExit("strata train %s exited %d" % (" ".join(args), r.returncode))
     return r.stdout
+
+
+KJV = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "kjv.txt")
+
+
+def check_loss(strata, work, dtype, rel):
+    """Sharded weights in `dtype` (trainer.save_dtype) load in transformers and
+    give strata's validation loss on the same batches: exactly (to fp32
+    rounding) from fp32 weights, within `rel` from bf16 ones (the masters
+    rounded; strata evaluates the fp32 masters)."""
+    import torch.nn.functional as F
+    B, T, V, batches = 4, 32, 256, 2
+    config = os.path.join(work, "loss-%s.json" % dtype)
+    with open(config, "w") as f:
+        json.dump({"train_micro_batch_size_per_gpu": B,
+                   "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": V, "seq_len": T},
+                   "data": {"path": KJV, "val_fraction": 0.05},
+                   "trainer": {"save_dtype": dtype, "save_max_shard_size": "64KB", "eval_batches": batches}}, f)
+    save, log = os.path.join(work, "loss-" + dtype), os.path.join(work, "loss-%s.jsonl" % dtype)
+    run(strata, "--config", config, "--steps", "3", "--save", save, "--log-json", log)
+    with open(log) as f:
+        strata_loss = [r for r in map(json.loads, f) if r.get("type") == "val"][-1]["val_loss"]
+    step = os.path.join(save, "step-000003")
+    index = json.load(open(os.path.join(step, "model.safetensors.index.json")))
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and not os.path.exists(os.path.join(step, "model.safetensors")), files
+    model = AutoModelForCausalLM.from_pretrained(step, torch_dtype=torch.float32).eval()
+    # The validation batches as strata draws them (engine/data.h): the byte
+    # tokens' last 5%, row k the window at k * T mod (n_val - T).
+    data = open(KJV, "rb").read()
+    n_val = int(len(data) * 0.05)
+    val = data[len(data) - n_val:]
+    starts = [(k * T) % (n_val - T) for k in range(batches * B)]
+    x = torch.tensor([list(val[s:s + T]) for s in starts])
+    y = torch.tensor([list(val[s + 1:s + T + 1]) for s in starts])
+    with torch.no_grad():
+        logits = model(x).logits.double()
+    hf_loss = F.cross_entropy(logits.reshape(-1, V), y.reshape(-1)).item()
+    print("%s weights in %d shards: transformers' loss %.6f, strata's %.6f" % (dtype, len(files), hf_loss, strata_loss))
+    assert abs(hf_loss - strata_loss) <= rel * strata_loss, (dtype, hf_loss, strata_loss)
 
 
 def main():
@@ -109,16 +151,19 @@ def main():
         if torch is None:
             print("AutoModelForCausalLM not tried: torch is not importable here")
             return
-        model = AutoModelForCausalLM.from_pretrained(step)
-        from safetensors.numpy import load_file
+        model = AutoModelForCausalLM.from_pretrained(step, torch_dtype=torch.float32)
+        from safetensors.torch import load_file
         wte = load_file(os.path.join(step, "model.safetensors"))["transformer.wte.weight"]
-        assert (model.transformer.wte.weight.detach().numpy() == wte).all(), "the weights differ from the file's"
+        assert wte.dtype == torch.bfloat16, wte.dtype  # trainer.save_dtype's default
+        assert torch.equal(model.transformer.wte.weight.detach(), wte.float()), "the weights differ from the file's"
         x = torch.tensor([ids])
         loss = model(x, labels=x).loss.item()
         assert loss == loss and 0 < loss < 10, loss
         out = model.generate(x, max_new_tokens=4, do_sample=False)
         assert out.shape == (1, len(ids) + 4), out.shape
         print("AutoModelForCausalLM: loss %.4f on %r, generated %d tokens" % (loss, text, 4))
+        for dtype, rel in (("fp32", 1e-5), ("bf16", 5e-3)):
+            check_loss(strata, work, dtype, rel)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

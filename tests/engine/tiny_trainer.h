@@ -104,7 +104,7 @@ inline Outcome Train(const TrainOptions& o, int64_t steps) {
     std::snprintf(b, sizeof b, "%06lld", static_cast<long long>(steps));
     return std::string(b);
   }();
-  out.model = FileBytes(step_dir + "/model.safetensors");
+  out.model = FileBytes(step_dir + "/master.safetensors");
   out.optimizer = FileBytes(step_dir + "/optimizer.safetensors");
   EXPECT_FALSE(out.model.empty());
   EXPECT_FALSE(out.optimizer.empty());

@@ -57,7 +57,7 @@ Outcome TrainRun(const TrainOptions& o, int steps) {
   TempDir ck;
   EXPECT_OK((*t)->Save(ck.path()));
   const std::string dir = ck.path() + "/step-00000" + std::to_string(steps);
-  out.model = FileBytes(dir + "/model.safetensors");
+  out.model = FileBytes(dir + "/master.safetensors");
   out.optimizer = FileBytes(dir + "/optimizer.safetensors");
   return out;
 }

@@ -209,7 +209,7 @@ TEST(TrainerInBackward, SaveResumeIsBitIdentical) {
       }
       TempDir ck;
       ASSERT_OK(t->Save(ck.path()));
-      resumed.model = FileBytes(ck.path() + "/step-000004/model.safetensors");
+      resumed.model = FileBytes(ck.path() + "/step-000004/master.safetensors");
       resumed.optimizer = FileBytes(ck.path() + "/step-000004/optimizer.safetensors");
     }
     EXPECT_TRUE(resumed.model == straight.model) << "master weights differ";
@@ -316,7 +316,7 @@ TEST(TrainerInBackward, NonFiniteGradientIsNeverApplied) {
       EXPECT_EQ(now[0], before[0]);
       EXPECT_EQ(now[1], before[1]);
       ASSERT_OK(t->Save(ck.path()));
-      EXPECT_TRUE(std::filesystem::exists(ck.path() + "/step-000001/model.safetensors"));
+      EXPECT_TRUE(std::filesystem::exists(ck.path() + "/step-000001/master.safetensors"));
     }
   }
 }

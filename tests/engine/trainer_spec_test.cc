@@ -264,7 +264,7 @@ TEST(TrainerSpeculative, SaveResumeIsBitIdentical) {
     }
     TempDir ck;
     ASSERT_OK(t->Save(ck.path()));
-    EXPECT_TRUE(FileBytes(ck.path() + "/step-000005/model.safetensors") == straight.model) << "master weights differ";
+    EXPECT_TRUE(FileBytes(ck.path() + "/step-000005/master.safetensors") == straight.model) << "master weights differ";
     EXPECT_TRUE(FileBytes(ck.path() + "/step-000005/optimizer.safetensors") == straight.optimizer)
         << "moments differ";
     ASSERT_OK_AND_ASSIGN(double val, t->Evaluate(1));
@@ -448,7 +448,7 @@ TEST(TrainerSpeculative, NonFiniteGradientLeavesTheStateUntouched) {
     vals.push_back(val);
     TempDir ck;
     ASSERT_OK(t->Save(ck.path()));
-    saved.push_back(FileBytes(ck.path() + "/step-000001/model.safetensors") +
+    saved.push_back(FileBytes(ck.path() + "/step-000001/master.safetensors") +
                     FileBytes(ck.path() + "/step-000001/optimizer.safetensors"));
     EXPECT_FALSE(saved.back().empty());
   }

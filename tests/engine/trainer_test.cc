@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "base/bytes.h"
+#include "base/half.h"
 #include "engine/checkpoint.h"
 #include "engine/safetensors.h"
 #include "tests/engine/tiny_trainer.h"
@@ -267,23 +268,32 @@ TEST(Trainer, ResumeIsBitIdentical) {
   ExpectResumeIsBitIdentical("micro-batch-major");
 }
 
+// model.safetensors: the Hugging Face weights (bf16 by default: the masters
+// rounded); master.safetensors: the masters themselves, same names and shapes.
 TEST(Trainer, CheckpointIsHuggingFaceSafetensors) {
   TempDir dir;
   std::ostringstream log;
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(Tiny(1), log));
   ASSERT_OK(t->Step().status());
   ASSERT_OK(t->Save(dir.path()));
-  ASSERT_OK_AND_ASSIGN(auto f, SafetensorsFile::Open(dir.path() + "/step-000001/model.safetensors"));
-  const SafetensorsEntry* wte = f.Find("transformer.wte.weight");
-  ASSERT_NE(wte, nullptr);
-  EXPECT_EQ(wte->shape, (Shape{256, 64}));
-  const SafetensorsEntry* attn = f.Find("transformer.h.1.attn.c_attn.weight");
-  ASSERT_NE(attn, nullptr);
-  EXPECT_EQ(attn->shape, (Shape{64, 192}));  // Conv1D [in, out]
-  EXPECT_EQ(f.metadata().at("format"), "pt");
-  ASSERT_OK_AND_ASSIGN(auto w, f.ReadF32("transformer.h.0.ln_1.weight"));
   ASSERT_OK_AND_ASSIGN(auto live, t->Parameter("transformer.h.0.ln_1.weight"));
-  EXPECT_EQ(w, live);
+  for (const char* file : {"model.safetensors", "master.safetensors"}) {
+    SCOPED_TRACE(file);
+    const bool hf = std::string(file) == "model.safetensors";
+    ASSERT_OK_AND_ASSIGN(auto f, SafetensorsFile::Open(dir.path() + "/step-000001/" + file));
+    const SafetensorsEntry* wte = f.Find("transformer.wte.weight");
+    ASSERT_NE(wte, nullptr);
+    EXPECT_EQ(wte->shape, (Shape{256, 64}));
+    EXPECT_EQ(wte->dtype, hf ? DType::kBF16 : DType::kF32);
+    const SafetensorsEntry* attn = f.Find("transformer.h.1.attn.c_attn.weight");
+    ASSERT_NE(attn, nullptr);
+    EXPECT_EQ(attn->shape, (Shape{64, 192}));  // Conv1D [in, out]
+    EXPECT_EQ(f.metadata().at("format"), "pt");
+    ASSERT_OK_AND_ASSIGN(auto w, f.ReadF32("transformer.h.0.ln_1.weight"));
+    ASSERT_EQ(w.size(), live.size());
+    for (size_t i = 0; i < w.size(); ++i)
+      EXPECT_EQ(w[i], hf ? BF16ToFloat(FloatToBF16(live[i])) : live[i]) << i;
+  }
 }
 
 TEST(Trainer, ResumeOfAnotherModelShapeIsRefused) {
