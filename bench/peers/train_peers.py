@@ -80,12 +80,38 @@ def make_model(args):
     return gpt_torch.GPT(args.layers, args.d_model, args.heads, args.seq, args.vocab, args.checkpoint)
 
 
-def adamw(params):
-    """torch's AdamW, fused where this torch has it for the parameters' device, else foreach."""
-    try:
-        return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, fused=True)
-    except (RuntimeError, TypeError, ValueError):
-        return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, foreach=True)
+class AdamW:
+    """torch's AdamW, fused where this torch has it for the parameters (the fastest; a torch
+    without it refuses at construction or at the first step), else foreach. `kind` says which."""
+
+    def __init__(self, params):
+        self.params = params
+        self.note = None
+        try:
+            self.opt = self._make(fused=True)
+            self.kind = "fused"
+        except (RuntimeError, TypeError, ValueError) as e:
+            self.opt = self._make(foreach=True)
+            self.kind, self.note = "foreach", "no fused AdamW here: %s" % str(e).split("\n")[0][:200]
+        self.stepped = False
+
+    def _make(self, **impl):
+        return torch.optim.AdamW(self.params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WD, **impl)
+
+    def step(self):
+        if self.kind == "fused" and not self.stepped:
+            try:
+                self.opt.step()
+            except RuntimeError as e:  # before any state was kept: start again with foreach
+                self.opt = self._make(foreach=True)
+                self.kind, self.note = "foreach", "fused AdamW failed: %s" % str(e).split("\n")[0][:200]
+                self.opt.step()
+        else:
+            self.opt.step()
+        self.stepped = True
+
+    def zero_grad(self):
+        self.opt.zero_grad(set_to_none=True)
 
 
 class Plain:
@@ -96,13 +122,17 @@ class Plain:
         self.params = list(self.model.parameters())
         self.train = args.step == "train"
         self.clip = args.clip
-        self.opt = adamw(self.params) if self.train else None
+        self.opt = AdamW(self.params) if self.train else None
         self.forward = self.model
         if compiled:
             if not hasattr(torch, "compile"):
                 raise Skip("torch %s has no torch.compile (2.0 and later)" % torch.__version__)
             self.forward = torch.compile(self.model)
-        self.what = ("fwd+bwd+AdamW" if self.train else "fwd+bwd") + ", all on the " + device
+        self.device = device
+
+    @property
+    def what(self):
+        return ("fwd+bwd+AdamW(%s)" % self.opt.kind if self.train else "fwd+bwd") + ", all on the " + self.device
 
     def micro(self, x, y, scale):
         loss = self.forward(x, y)
@@ -153,9 +183,12 @@ class Fsdp2:
             fully_shard(blk, mp_policy=mp, offload_policy=CPUOffloadPolicy())
         fully_shard(self.model, mp_policy=mp, offload_policy=CPUOffloadPolicy())
         self.params = list(self.model.parameters())
-        self.opt = adamw(self.params)
+        self.opt = AdamW(self.params)
         self.clip = args.clip
-        self.what = "fwd+bwd+AdamW (CPU), FSDP2 CPUOffloadPolicy"
+
+    @property
+    def what(self):
+        return "fwd+bwd+AdamW(%s) on the CPU, FSDP2 CPUOffloadPolicy" % self.opt.kind
 
     def micro(self, x, y, scale):
         loss = self.model(x, y)
@@ -166,7 +199,7 @@ class Fsdp2:
         if self.clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.clip)
         self.opt.step()
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()
 
 
 def deepspeed_config(args, stage):
@@ -202,7 +235,7 @@ class DeepSpeed:
         model = make_model(args)
         self.engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
                                                     config=deepspeed_config(args, stage))
-        self.what = "fwd+bwd+AdamW (CPU), ZeRO-%d, %s offloaded" % (
+        self.what = "fwd+bwd+DeepSpeedCPUAdam, ZeRO-%d, %s offloaded to the CPU" % (
             stage, "parameters and optimizer" if stage == 3 else "optimizer")
 
     def micro(self, x, y, scale):
@@ -249,8 +282,11 @@ def run_one(name, args):
         print("  %s step %d: loss %.4f, %.3f s" % (name, i, losses[-1], time.perf_counter() - t0),
               file=sys.stderr, flush=True)
     step_s = statistics.median(times)
+    opt = getattr(peer, "opt", None)
     row = {"peer": name, "status": "ok", "what": peer.what, "tokens_per_s": args.micro_batch * args.seq * args.accum
            / step_s, "step_s": step_s, "step_times_s": times, "first_loss": losses[0], "loss": losses[-1]}
+    if opt is not None and opt.note:
+        row["note"] = opt.note
     if device == "cuda":
         free, total = torch.cuda.mem_get_info()
         row.update(gpu_peak_bytes=torch.cuda.max_memory_allocated(), gpu_reserved_bytes=torch.cuda.max_memory_reserved(),
@@ -267,6 +303,10 @@ def child_main(args):
         row = {"peer": args.run_one, "status": "failed: %s: %s" % (type(e).__name__, str(e).split("\n")[0][:300])}
     with open(args.result, "w") as f:
         json.dump(row, f)
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
     return 0
 
 
@@ -317,6 +357,9 @@ def print_table(rows):
                                                          gib(r.get("gpu_peak_bytes")), r["loss"], r["what"]))
         else:
             print("%-24s %10s %10s %10s %9s  %s" % (r["peer"], "-", "-", "-", "-", r["status"]))
+    for r in rows:
+        if r.get("note"):
+            print("  %s: %s" % (r["peer"], r["note"]))
 
 
 def parse_args(argv):
@@ -363,7 +406,11 @@ def main(argv):
     if args.run_one:
         return child_main(args)
     if args.device == "cuda" and not torch.cuda.is_available():
-        print("skipped: torch %s sees no CUDA device (--device cpu measures eager on the CPU)" % torch.__version__)
+        why = "torch %s sees no CUDA device (--device cpu measures eager on the CPU)" % torch.__version__
+        print("skipped: " + why)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"command": "train_peers", "skipped": why, "rows": []}, f)
         return 77
     device_name = torch.cuda.get_device_name() if args.device == "cuda" else "CPU"
     print("peers: GPT %d layers, d %d, %d heads, seq %d, vocab %d (padded %d), micro-batch %d x %d, %s, "
