@@ -418,7 +418,14 @@ def main(argv):
           % (args.layers, args.d_model, args.heads, args.seq, args.vocab, gpt_torch.padded_vocab(args.vocab),
              args.micro_batch, args.accum, args.dtype, args.checkpoint, args.step, device_name, torch.__version__,
              args.steps, args.warmup), flush=True)
-    rows = [run_peer(args, name) for name in args.peer_names]
+    rows = []
+    try:
+        for name in args.peer_names:
+            rows.append(run_peer(args, name))
+    except KeyboardInterrupt:  # Ctrl-C reaches the child too; what was measured is still printed
+        print("stopped by Ctrl-C after %d of %d peers" % (len(rows), len(args.peer_names)), file=sys.stderr)
+        print_table(rows)
+        return 130
     print_table(rows)
     if args.json:
         shape = {k: getattr(args, k) for k in ("layers", "d_model", "heads", "seq", "vocab", "micro_batch", "accum",
