@@ -132,7 +132,7 @@ class Plain:
 
     @property
     def what(self):
-        return ("fwd+bwd+AdamW(%s)" % self.opt.kind if self.train else "fwd+bwd") + ", all on the " + self.device
+        return ("fwd+bwd+AdamW(%s)" % self.opt.kind if self.train else "fwd+bwd") + ", all on the " + ("GPU" if self.device == "cuda" else "CPU")
 
     def micro(self, x, y, scale):
         loss = self.forward(x, y)
