@@ -31,6 +31,22 @@ namespace {
 
 double Seconds(uint64_t bytes, double gbs) { return bytes == 0 ? 0 : gbs > 0 ? bytes / (gbs * 1e9) : 1e30; }
 
+}  // namespace
+
+double NvmeStepBound::overlapped_s() const { return std::max({read_s, write_s, mixed_s}); }
+double NvmeStepBound::sum_s() const { return read_s + write_s; }
+
+NvmeStepBound NvmeBoundOf(uint64_t read_bytes, uint64_t write_bytes, double read_gbs, double write_gbs,
+                          double mixed_gbs) {
+  NvmeStepBound b;
+  b.read_s = Seconds(read_bytes, read_gbs);
+  b.write_s = Seconds(write_bytes, write_gbs);
+  b.mixed_s = mixed_gbs > 0 ? Seconds(read_bytes + write_bytes, mixed_gbs) : 0;
+  return b;
+}
+
+namespace {
+
 BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Backend& be, int64_t accum) {
   BoundRow row;
   row.model = m;
@@ -82,8 +98,8 @@ BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Back
   row.compute_s = ModelFlopsPerToken(*spec, m.seq) * static_cast<double>(row.tokens_per_step) /
                   std::max(r.compute_flops, 1.0);
   row.pcie_s = std::max({Seconds(p.h2d, r.h2d_gbs), Seconds(p.d2h, r.d2h_gbs), Seconds(p.h2d + p.d2h, r.both_gbs)});
-  row.nvme_s = std::max(Seconds(p.nvme_read, r.nvme_read_gbs), Seconds(p.nvme_write, r.nvme_write_gbs));
-  if (r.nvme_mixed_gbs > 0) row.nvme_s = std::max(row.nvme_s, Seconds(p.nvme_read + p.nvme_write, r.nvme_mixed_gbs));
+  row.nvme_s = NvmeBoundOf(p.nvme_read, p.nvme_write, r.nvme_read_gbs, r.nvme_write_gbs, r.nvme_mixed_gbs)
+                   .overlapped_s();
   const bool cpu_adam = p.optimizer != TierKind::kGpu;
   const uint64_t offloaded = cpu_adam ? p.total_params - p.optimizer_gpu_params : 0;
   row.adam_s = offloaded == 0 ? 0 : r.adam_params_per_s > 0 ? offloaded / r.adam_params_per_s : 1e30;

@@ -38,6 +38,22 @@ struct OffloadRates {
   uint64_t nvme_free = 0;  // bytes free where the NVMe tier would live; 0: no NVMe
 };
 
+// The NVMe share of a step: its read and write bytes at raw rates measured
+// in the same run (GB/s = 1e9 B/s; a rate of 0 with bytes to move: 1e30 s).
+// A disk serving reads and writes at once shares its bandwidth between
+// them, so the step needs at least the longest of: the reads alone at the
+// read rate, the writes alone at the write rate, and all the bytes at the
+// rate measured with reads and writes in flight together (mixed; 0: not
+// measured, that term left out). The old bound, the reads and the writes one
+// after the other, is their sum.
+struct NvmeStepBound {
+  double read_s = 0, write_s = 0, mixed_s = 0;
+  double overlapped_s() const;  // max(read_s, write_s, mixed_s): the bound with reads and writes overlapped
+  double sum_s() const;         // read_s + write_s: the bound with them one after the other
+};
+NvmeStepBound NvmeBoundOf(uint64_t read_bytes, uint64_t write_bytes, double read_gbs, double write_gbs,
+                          double mixed_gbs);
+
 struct ModelShape {
   std::string name;  // "gpt-6.7b"
   int layers = 0, d = 0, heads = 0;

@@ -25,7 +25,9 @@
 // auto|flash|simple; --recompute-last (recompute the last block too, as a
 // checkpoint of every block would; by default its forward's internals are
 // kept for its backward); --no-profile; --backend cuda|cpu (cpu: a smoke test on
-// the CPU backend with a tiny default shape, never a performance figure).
+// the CPU backend with a tiny default shape, never a performance figure);
+// --peers [--peer-list LIST]: after strata's figure, PyTorch and DeepSpeed
+// on the same shape in the same run, each beside strata (bench/peers.h).
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -40,6 +42,7 @@
 #include "base/half.h"
 #include "bench/args.h"
 #include "bench/bench.h"
+#include "bench/peers.h"
 #include "bench/train_offload.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
@@ -66,6 +69,8 @@ struct TrainOptions {
   int64_t peak_size = 0;  // 0: 8192 on CUDA, 1024 on the CPU
   bool profile = true;
   bool recompute_last = false;
+  bool peers = false;     // --peers
+  std::string peer_list;  // --peer-list (empty: the script's default)
   uint64_t seed = 1234;
 };
 
@@ -276,6 +281,20 @@ int RunResident(const TrainOptions& o) {
       op_rows.push_back({{"op", op.op}, {"calls", op.calls}, {"ms", op.ms}, {"flops", op.flops}});
     rep.meta()["ops"] = op_rows;
   }
+  if (o.peers) {
+    // strata's model and backend go first: the peers have the GPU to themselves.
+    model.reset();
+    be.reset();
+    PeerRun pr;
+    pr.layers = cfg.n_layer, pr.d = cfg.n_embd, pr.heads = cfg.n_head, pr.seq = T, pr.vocab = cfg.vocab_size;
+    pr.batch = B;
+    pr.checkpoint = o.recompute_last ? "all" : "all-but-last";
+    pr.dtype = o.dtype;
+    pr.steps = o.steps, pr.warmup = o.warmup;
+    pr.cpu = cpu;
+    pr.peers = o.peer_list;
+    RunPeers(pr, tok_s, rep);
+  }
   BENCH_CHECK_OK(rep.WriteJson(o.common.json_path));
   return 0;
 }
@@ -335,7 +354,13 @@ int RunTrain(int argc, char** argv) {
       "peak-size", po::value(&o.peak_size), "n of the n^3 GEMM measuring the peak (default 8192)")(
       "recompute-last", po::bool_switch(&o.recompute_last),
       "recompute the last block in backward too (default: its forward's internals are kept)")(
-      "no-profile", po::bool_switch(&no_profile), "skip the per-op profiled step");
+      "no-profile", po::bool_switch(&no_profile), "skip the per-op profiled step")(
+      "peers", po::bool_switch(&o.peers),
+      "after strata's figure, what a user would run instead on the same shape (bench/peers/train_peers.py, under "
+      "$STRATA_TORCH_PYTHON or python3 with torch), each peer's tokens/s beside strata's with the ratio")(
+      "peer-list", po::value(&o.peer_list)->value_name("LIST"),
+      "with --peers: the peers to run (default all; eager with --backend cpu): eager, compile, fsdp2-offload, "
+      "deepspeed-zero3-offload, deepspeed-zero2-offload");
   int code = 0;
   if (!ParseOptions(argc, argv, desc, &code)) return code;
   o.profile = !no_profile;
@@ -354,6 +379,8 @@ int RunTrain(int argc, char** argv) {
   CheckRealArg("--optimizer-ratio", ratio, 0, 1);
   CheckRealArg("--clip", clip, 0, 1e30);
   if (o.resident && !workload.empty()) RefuseArgument("--resident and --workload exclude each other");
+  if (Given(argc, argv, "--peer-list") && !o.peers) RefuseArgument("--peer-list applies with --peers only");
+  if (o.peers && Given(argc, argv, "--peer-list")) CheckPeerList(o.peer_list);
   if (workload.empty())
     for (const char* f : {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--clip"})
       if (Given(argc, argv, f)) RefuseArgument(std::string(f) + " applies to --workload runs only");
@@ -370,6 +397,8 @@ int RunTrain(int argc, char** argv) {
     w.accum = accum;
     w.optimizer_ratio = ratio;
     w.clip = clip;
+    w.peers = o.peers;
+    w.peer_list = o.peer_list;
     return RunOffloadWorkload(w);
   }
   if (o.resident) return RunResident(o);

@@ -2,6 +2,7 @@
 # Build and check strata on a GPU machine in one go; logs land in $OUT (or
 # ./gpu-check-out). Stages are chosen by name:
 #   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads generate
+#   scripts/gpu-check.sh peers-smoke peers peers-offload   (PyTorch / DeepSpeed beside strata)
 # `build` builds everything (or only TARGETS="a b" when set). Each stage has
 # its own timeout so one hang does not cost the rest.
 # On a machine without a package registry the Debian dependencies come from
@@ -49,6 +50,15 @@ for stage in "$@"; do
     train) run train-resident 400 "$BUILD/bin/strata-bench" train --resident --steps 5 --warmup 2 --json "$LOGS/train.json" ;;
     enginetests) run engine-gpu 60 "$BUILD/bin/engine_gpu_test" ;;
     generate) run generate 400 env BUILD="$BUILD" scripts/generate-check.sh ;;
+    # The peers (bench/peers/train_peers.py; docs/benchmarks.md): every one at a tiny GPT on the GPU, then
+    # strata-bench train --peers at GPT 1.3B, resident and with the 8 GiB offload workload (no clipping).
+    peers-smoke) run peers-smoke 300 "${STRATA_TORCH_PYTHON:-python3}" bench/peers/train_peers.py --layers 2 \
+              --d-model 256 --heads 4 --seq 256 --micro-batch 2 --steps 2 --warmup 1 --step train --clip 1 \
+              --json "$LOGS/peers-smoke.json" ;;
+    peers) run train-peers 580 "$BUILD/bin/strata-bench" train --resident --peers ${PEER_ARGS:---steps 5 --warmup 2} \
+              --json "$LOGS/train-peers.json" ;;
+    peers-offload) run train-peers-offload 580 "$BUILD/bin/strata-bench" train --workload gpt-1.3b-offload --clip 0 \
+              --peers ${PEER_ARGS:---steps 4 --warmup 2} --json "$LOGS/train-peers-offload.json" ;;
     w13off) run gpt-1.3b-offload 90 "$BUILD/bin/strata" train --config configs/gpt-1.3b-offload.json \
               --gpu-memory-limit 8GiB --steps ${STEPS:-6} --log-json "$LOGS/gpt-1.3b-offload.jsonl" ;;
     w67) run gpt-6.7b 200 "$BUILD/bin/strata" train --config configs/gpt-6.7b.json --gpu-memory-limit 24GiB \

@@ -44,7 +44,6 @@ import time
 
 try:
     import torch
-    import torch.nn.functional as F
 except ImportError as e:
     print("skipped: torch is not importable: %s" % e)
     sys.exit(77)
@@ -56,53 +55,12 @@ except ImportError:
     import strata
 import strata.torch
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpt_torch import GPT  # noqa: E402  (next to this file: the model train_peers.py times too)
+
 WORKLOADS = ["none", "strata", "strata-overlap", "torch", "deepspeed"]
 LR, BETAS, EPS, WD = 3e-4, (0.9, 0.95), 1e-8, 0.1
 VOCAB = 50304
-
-
-class Block(torch.nn.Module):
-    def __init__(self, d, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = torch.nn.LayerNorm(d)
-        self.qkv = torch.nn.Linear(d, 3 * d)
-        self.proj = torch.nn.Linear(d, d)
-        self.ln2 = torch.nn.LayerNorm(d)
-        self.fc = torch.nn.Linear(d, 4 * d)
-        self.out = torch.nn.Linear(4 * d, d)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(c, dim=2)
-        q, k, v = (z.view(b, t, self.heads, c // self.heads).transpose(1, 2) for z in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.proj(y.transpose(1, 2).reshape(b, t, c))
-        return x + self.out(F.gelu(self.fc(self.ln2(x)), approximate="tanh"))
-
-
-class GPT(torch.nn.Module):
-    """GPT-2's architecture; the head is tied to the token embedding (both
-    modules hold the one parameter)."""
-
-    def __init__(self, layers, d, heads, seq):
-        super().__init__()
-        self.wte = torch.nn.Embedding(VOCAB, d)
-        self.wpe = torch.nn.Embedding(seq, d)
-        self.blocks = torch.nn.ModuleList(Block(d, heads) for _ in range(layers))
-        self.ln_f = torch.nn.LayerNorm(d)
-        self.head = torch.nn.Linear(d, VOCAB, bias=False)
-        self.head.weight = self.wte.weight
-        for m in self.modules():
-            if isinstance(m, (torch.nn.Linear, torch.nn.Embedding)):
-                torch.nn.init.normal_(m.weight, std=0.02)
-
-    def forward(self, idx, targets):
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for blk in self.blocks:
-            x = blk(x)
-        logits = self.head(self.ln_f(x))
-        return F.cross_entropy(logits.float().view(-1, VOCAB), targets.view(-1))
 
 
 # ---- the optimizers -----------------------------------------------------------
@@ -178,7 +136,7 @@ class Strata:
 
 def run(workload, args, data):
     torch.manual_seed(0)
-    model = GPT(args.layers, args.d_model, args.heads, args.seq).to("cuda", torch.bfloat16)
+    model = GPT(args.layers, args.d_model, args.heads, args.seq, VOCAB).to("cuda", torch.bfloat16)
     params = list(model.parameters())
     label = workload
     if workload == "none":

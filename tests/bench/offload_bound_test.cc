@@ -90,6 +90,49 @@ TEST(OffloadBound, TooLittleNvmeSpaceIsSaid) {
   EXPECT_NE(b.why_not.find("free there"), std::string::npos) << b.why_not;
 }
 
+// The NVMe share of a step (strata-bench train --workload gpt-1.3b-nvme and
+// the bound table): the longest of reads alone, writes alone, and all the
+// bytes at the mixed rate; beside it the old sum.
+TEST(NvmeBound, IsTheLongestOfReadWriteAndMixed) {
+  // 6 GB read at 2 GB/s (3 s), 4 GB written at 4 GB/s (1 s), 10 GB at 2.5 GB/s mixed (4 s).
+  const NvmeStepBound b = NvmeBoundOf(6'000'000'000, 4'000'000'000, 2, 4, 2.5);
+  EXPECT_DOUBLE_EQ(b.read_s, 3);
+  EXPECT_DOUBLE_EQ(b.write_s, 1);
+  EXPECT_DOUBLE_EQ(b.mixed_s, 4);
+  EXPECT_DOUBLE_EQ(b.overlapped_s(), 4);  // the disk shares itself between them: the mixed rate bounds
+  EXPECT_DOUBLE_EQ(b.sum_s(), 4);
+  // A disk that serves both at once as fast as either alone: the reads bound it, below the sum.
+  const NvmeStepBound fast = NvmeBoundOf(6'000'000'000, 4'000'000'000, 2, 4, 10);
+  EXPECT_DOUBLE_EQ(fast.mixed_s, 1);
+  EXPECT_DOUBLE_EQ(fast.overlapped_s(), 3);
+  EXPECT_DOUBLE_EQ(fast.sum_s(), 4);
+  // Writes the slowest.
+  EXPECT_DOUBLE_EQ(NvmeBoundOf(1'000'000'000, 4'000'000'000, 2, 1, 100).overlapped_s(), 4);
+}
+
+TEST(NvmeBound, AnUnmeasuredMixedRateIsLeftOutAndAMissingRateIsNeverFast) {
+  const NvmeStepBound b = NvmeBoundOf(6'000'000'000, 4'000'000'000, 2, 4, 0);
+  EXPECT_DOUBLE_EQ(b.mixed_s, 0);
+  EXPECT_DOUBLE_EQ(b.overlapped_s(), 3);
+  // Bytes to move at a rate of 0: the bound is effectively infinite, never 0.
+  EXPECT_GE(NvmeBoundOf(1, 0, 0, 4, 0).overlapped_s(), 1e29);
+  // Nothing to move: no time, whatever the rates.
+  EXPECT_DOUBLE_EQ(NvmeBoundOf(0, 0, 0, 0, 0).overlapped_s(), 0);
+}
+
+// The bound table uses the same arithmetic: its NVMe time at the plan's bytes.
+TEST(NvmeBound, TheBoundTableUsesIt) {
+  OffloadRates r = Rates();
+  r.gpu_budget = 24 * kGiB;
+  r.host_budget = 40 * kGiB;  // the 13B's state must go to NVMe
+  r.nvme_read_gbs = 1, r.nvme_write_gbs = 2, r.nvme_mixed_gbs = 0.5;
+  const BoundRow b = AnalyzeOne(r, "gpt-13b");
+  ASSERT_TRUE(b.fits) << b.why_not;
+  ASSERT_GT(b.plan.nvme_read + b.plan.nvme_write, 0u);
+  EXPECT_DOUBLE_EQ(b.nvme_s, NvmeBoundOf(b.plan.nvme_read, b.plan.nvme_write, 1, 2, 0.5).overlapped_s());
+  EXPECT_DOUBLE_EQ(b.nvme_s, static_cast<double>(b.plan.nvme_read + b.plan.nvme_write) / 0.5e9);
+}
+
 // The bound table's plan inputs (engine/budgets.h, as strata train makes them)
 // give the plan strata train --dry-run prints for the same config and budgets.
 TEST(BenchPlanInputs, GivesTheDryRunsPlan) {
