@@ -1,5 +1,7 @@
 #include "comm/communicator.h"
 
+#include <cstdio>
+
 namespace strata::comm {
 
 std::string_view ReduceOpName(ReduceOp op) {
@@ -22,6 +24,12 @@ Status CollectiveError(StatusCode code, std::string_view collective, int rank, i
   rep.code = code;
   rep.message = std::move(m);
   return Status(std::move(rep));
+}
+
+std::string SecondsText(double s) {
+  char b[32];
+  std::snprintf(b, sizeof b, "%g s", s);
+  return b;
 }
 
 std::string CollectiveText(std::string_view collective, size_t count, DType dtype) {

@@ -79,7 +79,10 @@ class Communicator {
 Status CollectiveError(StatusCode code, std::string_view collective, int rank, int world, int peer,
                        std::string_view what);
 
-// "all_reduce 1024 x f32 (sum)": what a collective moved, for messages.
+// "2.5 s": a duration for messages.
+std::string SecondsText(double s);
+
+// "all_reduce 1024 x f32": what a collective moved, for messages.
 std::string CollectiveText(std::string_view collective, size_t count, DType dtype);
 
 }  // namespace strata::comm

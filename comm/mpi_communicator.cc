@@ -186,7 +186,7 @@ class MpiCommunicator final : public Communicator {
   // peers that do not answer a ping.
   Status TimedOut(const std::string& what) {
     const std::vector<int> silent = SilentPeers(std::clamp(opt_.timeout_s / 4, 0.5, 3.0));
-    std::string m = "not complete after " + std::to_string(opt_.timeout_s) + " s (CommOptions::timeout_s); ";
+    std::string m = "not complete after " + SecondsText(opt_.timeout_s) + " (CommOptions::timeout_s); ";
     if (silent.empty()) {
       m += "every peer answers, so the ranks are waiting in different collectives (or with different counts)";
       return CollectiveError(StatusCode::kUnavailable, what, rank_, world_, -1, m);

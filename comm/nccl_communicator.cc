@@ -179,7 +179,7 @@ class NcclCommunicator final : public Communicator {
     const ncclResult_t r = AwaitNotInProgress(comm_, call(s), NowSeconds() + opt_.timeout_s, &timed_out);
     if (timed_out)
       return Fail(CollectiveError(StatusCode::kUnavailable, what, rank_, world_, -1,
-                                  "NCCL did not accept the collective within " + std::to_string(opt_.timeout_s) + " s"));
+                                  "NCCL did not accept the collective within " + SecondsText(opt_.timeout_s)));
     if (r != ncclSuccess)
       return Fail(CollectiveError(r == ncclInvalidArgument || r == ncclInvalidUsage ? StatusCode::kInvalidArgument
                                                                                     : StatusCode::kUnavailable,
@@ -252,8 +252,8 @@ class NcclCommunicator final : public Communicator {
                                   "NCCL reports " + NcclText(comm_, async) + " (a peer died or the network failed)");
       } else if (NowSeconds() - p.started > opt_.timeout_s) {
         failure = CollectiveError(StatusCode::kUnavailable, p.what, rank_, world_, -1,
-                                  "not complete after " + std::to_string(opt_.timeout_s) +
-                                      " s (CommOptions::timeout_s): a peer is dead or stuck, or the ranks called "
+                                  "not complete after " + SecondsText(opt_.timeout_s) +
+                                      " (CommOptions::timeout_s): a peer is dead or stuck, or the ranks called "
                                       "different collectives");
       }
       if (failure) {
@@ -317,7 +317,7 @@ Result<std::unique_ptr<Communicator>> CreateNcclCommunicator(const RankEnv& env,
   const std::string what = "NCCL communicator init";
   if (timed_out || r != ncclSuccess) {
     Status s = CollectiveError(StatusCode::kUnavailable, what, env.rank, env.world_size, -1,
-                               timed_out ? "the ranks did not all join within " + std::to_string(options.timeout_s) + " s"
+                               timed_out ? "the ranks did not all join within " + SecondsText(options.timeout_s)
                                          : NcclText(comm, r));
     if (comm) ncclCommAbort(comm);
     return s;

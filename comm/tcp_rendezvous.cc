@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/clock.h"
+#include "comm/communicator.h"
 #include "comm/socket_fd.h"
 
 namespace strata::comm {
@@ -85,8 +86,8 @@ Result<std::string> Serve(const RankEnv& e, const std::string& blob, double time
     for (int r = 1; r < e.world_size; ++r)
       if (!peers[r].valid()) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
     const std::string why = "rendezvous at " + Where(e) + ": rank(s) " + missing + " of " +
-                            std::to_string(e.world_size) + " did not arrive within " + std::to_string(timeout_s) +
-                            " s (not started, crashed, or started with another MASTER_ADDR/MASTER_PORT)";
+                            std::to_string(e.world_size) + " did not arrive within " + SecondsText(timeout_s) +
+                            " (not started, crashed, or started with another MASTER_ADDR/MASTER_PORT)";
     for (int r = 1; r < e.world_size; ++r)
       if (peers[r].valid()) (void)Reply(peers[r], 1, why, "rank " + std::to_string(r));
     return Unavailable(why);
