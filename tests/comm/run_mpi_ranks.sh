@@ -1,9 +1,10 @@
 #!/bin/sh
 # Runs tests/comm/mpi_ranks.cc's program as N ranks under mpirun on
-# loopback (CTest's comm.mpi_ranks.* tests, tests/CMakeLists.txt).
-#   run_mpi_ranks.sh MPIEXEC N PROGRAM collectives|killed
+# loopback (CTest's comm.mpi_ranks.* and engine.dp_ranks.* tests, tests/CMakeLists.txt).
+#   run_mpi_ranks.sh MPIEXEC N PROGRAM collectives|killed|FILTER
 # collectives: every MpiRanks test on every rank; passes when mpirun exits 0
-#   and all N ranks report their tests passed.
+#   and all N ranks report their tests passed. Any other word is a gtest
+#   filter run the same way (tests/engine/dp_ranks.cc's DataParallelRanks.*).
 # killed: MpiKilledRank alone under --enable-recovery (mpirun would kill the
 #   job itself); the last rank kills itself, and the N-1 others must pass,
 #   that is end with the error naming it within the timeout.
@@ -15,7 +16,7 @@ flags="--oversubscribe -n $n --mca btl self,tcp --mca btl_tcp_if_include lo --mc
 case $mode in
   collectives) filter='MpiRanks.*'; want=$n ;;
   killed) filter='MpiKilledRank.*'; want=$((n - 1)); flags="$flags --enable-recovery" ;;
-  *) echo "run_mpi_ranks.sh: mode is collectives or killed, not $mode" >&2; exit 2 ;;
+  *) filter=$mode; want=$n ;;
 esac
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

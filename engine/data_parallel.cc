@@ -1,0 +1,71 @@
+#include "engine/data_parallel.h"
+
+#include "comm/mpi_communicator.h"
+#include "comm/rank_env.h"
+
+namespace strata {
+
+Status CheckBatchRule(const Config& c) {
+  const int64_t want = c.micro_batch * c.grad_accum * c.world_size;
+  if (c.train_batch_size == want) return Status::OK();
+  return InvalidArgument("train_batch_size " + std::to_string(c.train_batch_size) +
+                         " is not train_micro_batch_size_per_gpu × gradient_accumulation_steps × world size = " +
+                         std::to_string(c.micro_batch) + " × " + std::to_string(c.grad_accum) + " × " +
+                         std::to_string(c.world_size) + " = " + std::to_string(want));
+}
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, bool cuda, double timeout_s) {
+  RETURN_IF_ERROR(CheckBatchRule(c));
+  if (cuda)
+    return Unavailable("world size " + std::to_string(c.world_size) +
+                       " on the CUDA backend: its data parallelism over NCCL (comm/nccl_communicator.h) is not wired "
+                       "into the trainer yet; several ranks run on the CPU backend (--backend cpu, under mpirun)");
+  ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+  comm::CommOptions o;
+  o.timeout_s = timeout_s;
+  ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> mpi, comm::CreateMpiCommunicator(o));
+  if (mpi->world_size() != env.world_size && env.world_size != 1)
+    return InvalidArgument("the launcher says " + env.ToString() + " but MPI sees " +
+                           std::to_string(mpi->world_size()) + " ranks: the CPU backend's ranks run under mpirun");
+  return Over(std::move(mpi), c);
+}
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::Communicator> comm, const Config& c) {
+  RETURN_IF_ERROR(CheckBatchRule(c));
+  if (comm->world_size() != c.world_size)
+    return InvalidArgument("the config's world size is " + std::to_string(c.world_size) + " but the " +
+                           std::string(comm->backend()) + " communicator has " + std::to_string(comm->world_size()) +
+                           " ranks (start as many processes as the config's world size: mpirun -n " +
+                           std::to_string(c.world_size) + ")");
+  return std::unique_ptr<DataParallel>(new DataParallel(std::move(comm)));
+}
+
+Result<int64_t> DataParallel::SumCount(int64_t local) {
+  int64_t v = local;
+  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kI64, comm::ReduceOp::kSum, nullptr)
+                      .WithContext("summing the step's counted targets over the ranks"));
+  return v;
+}
+
+Result<double> DataParallel::SumLoss(double local) {
+  double v = local;
+  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kF64, comm::ReduceOp::kSum, nullptr)
+                      .WithContext("summing the step's loss over the ranks"));
+  return v;
+}
+
+Status DataParallel::ReduceGradient(void* f32, int64_t numel, void* stream) {
+  return comm_->AllReduce(f32, f32, static_cast<size_t>(numel), DType::kF32, comm::ReduceOp::kSum, stream);
+}
+
+std::string DataParallel::Describe(const Config& c) const {
+  std::string s = "data parallel: rank " + std::to_string(rank()) + " of " + std::to_string(world()) + " over " +
+                  std::string(comm_->backend()) + "; each micro-batch step's " +
+                  std::to_string(c.micro_batch * world()) + " samples split " + std::to_string(c.micro_batch) +
+                  " per rank, gradients summed over the ranks in the backward";
+  s += "; every rank holds and updates the whole state (zero_optimization.stage " + std::to_string(c.zero.stage) +
+       "'s partitioning across ranks is not implemented yet)";
+  return s;
+}
+
+}  // namespace strata
