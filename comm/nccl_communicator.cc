@@ -141,7 +141,10 @@ class NcclCommunicator final : public Communicator {
   }
   // NCCL has no barrier: an all-reduce of one word.
   Status Barrier(void* stream) override {
-    if (!scratch_) CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, sizeof(int32_t)));
+    if (!scratch_) {
+      CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+      CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch_, sizeof(int32_t)));
+    }
     return Enqueue("barrier", stream, [&](cudaStream_t s) {
       return ncclAllReduce(scratch_, scratch_, 1, ncclInt32, ncclSum, comm_, s);
     });

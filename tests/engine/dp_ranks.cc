@@ -5,7 +5,12 @@
 // rank, in the same process, over the same global batch (micro × world
 // samples per micro-batch step): the losses and gradient norms agree
 // within fp32 reduction-order tolerance (stated below), and the ranks'
-// parameters are bitwise the same.
+// parameters are bitwise the same. A checkpoint saved at W ranks resumes
+// at one rank and continues the one-rank run. DataParallelKilledRank runs
+// alone (the wrapper's killed mode): a rank dies after a step, and the
+// others' next step ends with an error naming it within the timeout.
+#include <signal.h>
+
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "base/clock.h"
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/rank_env.h"
@@ -60,13 +66,13 @@ TrainOptions Tiny(int world, int64_t micro, const std::string& schedule, double 
   return o;
 }
 
-struct Run {
+struct Trained {
   std::vector<StepReport> steps;
   std::vector<float> wte, c_fc;
 };
 
-Run Train(const TrainOptions& o) {
-  Run out;
+Trained Train(const TrainOptions& o) {
+  Trained out;
   std::ostringstream log;
   auto t = Trainer::Create(o, log);
   EXPECT_OK(t.status());
@@ -111,8 +117,8 @@ void ExpectSameOnEveryRank(const std::vector<float>& v, const char* what) {
 void CompareWithOneRank(const std::string& schedule, double clip) {
   const int w = World();
   ASSERT_GE(w, 2) << "run under mpirun with 2 or more ranks";
-  const Run one = Train(Tiny(1, kMicro * w, schedule, clip));  // every rank runs the reference alone
-  const Run many = Train(Tiny(w, kMicro, schedule, clip));
+  const Trained one = Train(Tiny(1, kMicro * w, schedule, clip));  // every rank runs the reference alone
+  const Trained many = Train(Tiny(w, kMicro, schedule, clip));
   ASSERT_EQ(one.steps.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(many.steps.size(), static_cast<size_t>(kSteps));
   double loss_rel = 0, norm_rel = 0;
@@ -165,6 +171,62 @@ TEST(DataParallelRanks, RankZeroAloneLogs) {
     EXPECT_EQ(out.str(), "");
     EXPECT_EQ(log.str(), "");
   }
+}
+
+// Rank 0's temporary directory, its name broadcast to every rank; `comm`
+// keeps the ranks in step around it.
+std::string SharedDir(comm::Communicator& c, testing::TempDir* mine) {
+  std::vector<char> name(4096, '\0');
+  if (c.rank() == 0) std::snprintf(name.data(), name.size(), "%s", mine->path().c_str());
+  EXPECT_OK(c.Broadcast(name.data(), name.size(), DType::kU8, 0, nullptr));
+  return name.data();
+}
+
+TEST(DataParallelRanks, SavedAtSeveralRanksResumesAtOne) {
+  const int w = World();
+  ASSERT_OK_AND_ASSIGN(auto c, comm::CreateMpiCommunicator(comm::CommOptions{}));
+  testing::TempDir tmp;
+  const std::string dir = SharedDir(*c, &tmp);
+  const Trained one = Train(Tiny(1, kMicro * w, "layer-major"));  // kSteps uninterrupted
+  {
+    TrainOptions o = Tiny(w, kMicro, "layer-major");
+    o.save_dir = dir;
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+    for (int i = 0; i < 3; ++i) ASSERT_OK(t->Step().status());
+    ASSERT_OK(t->Save(dir));  // rank 0 writes it
+  }
+  ASSERT_OK(c->Barrier(nullptr));  // the checkpoint is there for every rank
+  TrainOptions o = Tiny(1, kMicro * w, "layer-major");
+  o.resume_dir = dir;
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  EXPECT_EQ(t->step(), 3);
+  for (int64_t i = 3; i < kSteps; ++i) {
+    ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+    EXPECT_NEAR(r.loss, one.steps[i].loss, kLossRel * one.steps[i].loss) << "step " << i + 1;
+  }
+  ASSERT_OK(c->Barrier(nullptr));  // rank 0's directory stays until every rank is done with it
+}
+
+// Run alone under `mpirun --enable-recovery` (tests/comm/run_mpi_ranks.sh killed).
+TEST(DataParallelKilledRank, OthersStepEndsWithAnErrorNamingIt) {
+  const int w = World();
+  TrainOptions o = Tiny(w, kMicro, "layer-major");
+  o.comm_timeout_s = 3;
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK(t->Step().status());
+  ASSERT_OK_AND_ASSIGN(comm::RankEnv e, comm::RankEnvFromEnvironment());
+  if (e.rank == w - 1) raise(SIGKILL);  // mid-run, before the next step's first collective
+  const double t0 = NowSeconds();
+  auto r = t->Step();
+  const double took = NowSeconds() - t0;
+  EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
+  EXPECT_THAT(r.status().message(), HasSubstr("on rank " + std::to_string(e.rank) + " of " + std::to_string(w) +
+                                              " (peer rank " + std::to_string(w - 1) + ")"));
+  EXPECT_LT(took, o.comm_timeout_s + 5);
+  std::printf("rank %d: expected error: %s\n", e.rank, r.status().ToString().c_str());
 }
 
 }  // namespace
