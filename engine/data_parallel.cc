@@ -1,5 +1,6 @@
 #include "engine/data_parallel.h"
 
+#include "base/bytes.h"
 #include "comm/mpi_communicator.h"
 #include "comm/rank_env.h"
 
@@ -58,14 +59,26 @@ Status DataParallel::ReduceGradient(void* f32, int64_t numel, void* stream) {
   return comm_->AllReduce(f32, f32, static_cast<size_t>(numel), DType::kF32, comm::ReduceOp::kSum, stream);
 }
 
-std::string DataParallel::Describe(const Config& c) const {
-  std::string s = "data parallel: rank " + std::to_string(rank()) + " of " + std::to_string(world()) + " over " +
-                  std::string(comm_->backend()) + "; each micro-batch step's " +
-                  std::to_string(c.micro_batch * world()) + " samples split " + std::to_string(c.micro_batch) +
-                  " per rank, gradients summed over the ranks in the backward";
-  s += "; every rank holds and updates the whole state (zero_optimization.stage " + std::to_string(c.zero.stage) +
-       "'s partitioning across ranks is not implemented yet)";
-  return s;
+uint64_t AllReduceBytesPerRank(int world, int64_t params) {
+  if (world <= 1) return 0;
+  return static_cast<uint64_t>(2.0 * (world - 1) / world * 4.0 * static_cast<double>(params));
+}
+
+std::string DataParallelNote(const Config& c, int64_t params) {
+  const int w = c.world_size;
+  return "data parallel: " + std::to_string(w) + " ranks; each micro-batch step's " +
+         std::to_string(c.micro_batch * w) + " samples split " + std::to_string(c.micro_batch) +
+         " per rank; every rank holds and updates the whole state, so the plan below is each rank's" +
+         (c.zero.stage > 0 ? " (zero_optimization.stage " + std::to_string(c.zero.stage) +
+                                 "'s partitioning across ranks is not implemented yet)"
+                           : std::string()) +
+         "; the gradients are summed over the ranks in the backward: " + FormatBytes(AllReduceBytesPerRank(w, params)) +
+         " sent and as much received per rank per step (a ring all-reduce of fp32)";
+}
+
+std::string DataParallel::Describe(const Config& c, int64_t params) const {
+  return DataParallelNote(c, params) + "; this is rank " + std::to_string(rank()) + " of " +
+         std::to_string(world()) + " (" + std::string(comm_->backend()) + ")";
 }
 
 }  // namespace strata

@@ -64,13 +64,20 @@ class DataParallel {
   // over the ranks in place.
   Status ReduceGradient(void* f32, int64_t numel, void* stream);
 
-  // "data parallel: rank 0 of 2 over mpi; ..." for the plan and the log.
-  std::string Describe(const Config& c) const;
+  // DataParallelNote and "this is rank 0 of 2 (mpi)", for the log.
+  std::string Describe(const Config& c, int64_t params) const;
 
  private:
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
   std::unique_ptr<comm::Communicator> comm_;
 };
+
+// What c.world_size ranks do, and the bytes each sends and receives per
+// step for the gradients of `params` parameters (a ring all-reduce of fp32:
+// 2 (W - 1) / W × 4 bytes per parameter each way), for --dry-run and the log.
+std::string DataParallelNote(const Config& c, int64_t params);
+// Those bytes.
+uint64_t AllReduceBytesPerRank(int world, int64_t params);
 
 // train_batch_size = micro × accumulation × world size, as DeepSpeed
 // checks it: InvalidArgument naming the four values otherwise.

@@ -103,8 +103,7 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(backend, MakeBackend(opt));
   if (c.world_size != 1) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, cuda(), opt.comm_timeout_s));
-    if (!dp->leads()) log = &quiet;
-    *log << dp->Describe(c) << "\n";
+    if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
   }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
                                                                        c.model.seq_len, dtype));
@@ -284,7 +283,10 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   std::ostringstream os;
   for (const std::string& w : warnings) os << "warning: " << w << "\n";
   os << ZeroStageNote(cfg) << "\n";
-  if (cfg.world_size != 1) RETURN_IF_ERROR(CheckBatchRule(cfg));
+  if (cfg.world_size != 1) {
+    RETURN_IF_ERROR(CheckBatchRule(cfg));
+    os << DataParallelNote(cfg, spec.NumParameters()) << "\n";
+  }
   os << "model: " << spec.n_layer << " layers, d " << spec.d_model << ", " << spec.n_head << " heads, vocab "
      << spec.vocab_size << " (padded " << spec.padded_vocab << "), seq " << cfg.model.seq_len << "; "
      << spec.NumParameters() << " parameters, " << cfg.precision() << "\n";

@@ -165,7 +165,8 @@ TEST(DataParallelRanks, RankZeroAloneLogs) {
   ASSERT_OK((*t)->Run(out));
   ASSERT_OK_AND_ASSIGN(comm::RankEnv e, comm::RankEnvFromEnvironment());
   if (e.rank == 0) {
-    EXPECT_THAT(out.str(), HasSubstr("data parallel: rank 0 of " + std::to_string(w)));
+    EXPECT_THAT(out.str(), HasSubstr("data parallel: " + std::to_string(w) + " ranks"));
+    EXPECT_THAT(out.str(), HasSubstr("this is rank 0 of " + std::to_string(w) + " (mpi)"));
     EXPECT_THAT(out.str(), HasSubstr("step 2"));
   } else {
     EXPECT_EQ(out.str(), "");
