@@ -55,6 +55,13 @@ Result<double> DataParallel::SumLoss(double local) {
   return v;
 }
 
+Result<int> DataParallel::AnyStop(int signal) {
+  int32_t v = signal;
+  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kI32, comm::ReduceOp::kMax, nullptr)
+                      .WithContext("agreeing with the other ranks on whether to stop"));
+  return static_cast<int>(v);
+}
+
 Status DataParallel::ReduceGradient(void* f32, int64_t numel, void* stream) {
   return comm_->AllReduce(f32, f32, static_cast<size_t>(numel), DType::kF32, comm::ReduceOp::kSum, stream);
 }

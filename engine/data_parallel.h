@@ -26,6 +26,8 @@
 //              ranks (stages 1-3: optimizer state, gradients, parameters)
 //              is not implemented yet: each rank holds the whole state, and
 //              the plan says so (Describe).
+//   stopping   a stop signal seen by any rank stops every rank after the
+//              same step (AnyStop, checked between steps).
 //
 // Thread-safety: the step's thread only (collectives run in one order).
 #pragma once
@@ -60,6 +62,10 @@ class DataParallel {
   Result<int64_t> SumCount(int64_t local);
   // The sum over the ranks of each one's loss sum.
   Result<double> SumLoss(double local);
+  // The stop signal (engine/signals.h) any rank has seen, or 0: the ranks
+  // stop at the same step boundary, as a signal from mpirun reaches each
+  // at its own moment.
+  Result<int> AnyStop(int signal);
   // `numel` fp32 values (the backend's memory; `stream` its stream) summed
   // over the ranks in place.
   Status ReduceGradient(void* f32, int64_t numel, void* stream);

@@ -105,8 +105,11 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
     return Cancelled(what + "; the state was saved to " + last_saved + " (continue with --resume " + opt.save_dir +
                      ")");
   };
+  // A signal any rank has seen (with several ranks all stop together).
+  auto stop_signal = [&]() -> Result<int> { return dp ? dp->AnyStop(StopSignal()) : StopSignal(); };
   while (step < total) {
-    if (const int sig = StopSignal()) return stop(sig);
+    ASSIGN_OR_RETURN(const int sig, stop_signal());
+    if (sig) return stop(sig);
     if (Status files = CheckSwapFiles(); !files.ok()) {
       // Nothing of the step has run and the deleted file's data is still
       // readable through the tier's descriptor: save it while we can.
@@ -124,7 +127,8 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
     if (!opt.save_dir.empty() && opt.save_every > 0 && r.step % opt.save_every == 0 && r.step != total)
       RETURN_IF_ERROR(save());
   }
-  if (const int sig = StopSignal()) return stop(sig);
+  ASSIGN_OR_RETURN(const int sig, stop_signal());
+  if (sig) return stop(sig);
   if (data->val_tokens()) RETURN_IF_ERROR(validate());
   if (!opt.save_dir.empty()) RETURN_IF_ERROR(save());
   RETURN_IF_ERROR(pool->WaitAll(step));

@@ -24,6 +24,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/rank_env.h"
 #include "engine/data_parallel.h"
+#include "engine/signals.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
@@ -172,6 +173,26 @@ TEST(DataParallelRanks, RankZeroAloneLogs) {
     EXPECT_EQ(out.str(), "");
     EXPECT_EQ(log.str(), "");
   }
+}
+
+// A signal reaches the ranks at different moments (here: rank 1 alone has
+// seen it): every rank stops at the same step boundary, none waits in a
+// collective for one that stopped.
+TEST(DataParallelRanks, AStopSeenByOneRankStopsEveryRank) {
+  const int w = World();
+  TrainOptions o = Tiny(w, kMicro, "layer-major");
+  o.steps = 3;
+  o.comm_timeout_s = 10;
+  std::ostringstream log, out;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK(t->Step().status());
+  ASSERT_OK_AND_ASSIGN(comm::RankEnv e, comm::RankEnvFromEnvironment());
+  if (e.rank == 1) RequestStop(SIGINT);
+  Status s = t->Run(out);
+  ClearStopRequest();
+  EXPECT_THAT(s, StatusIs(StatusCode::kCancelled)) << "rank " << e.rank;
+  EXPECT_THAT(s.message(), HasSubstr("stopped by SIGINT after step 1 of 3"));
+  EXPECT_EQ(t->step(), 1);
 }
 
 // Rank 0's temporary directory, its name broadcast to every rank; `comm`
