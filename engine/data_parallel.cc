@@ -1,5 +1,8 @@
 #include "engine/data_parallel.h"
 
+#include <algorithm>
+#include <thread>
+
 #include "base/bytes.h"
 #include "comm/mpi_communicator.h"
 #include "comm/rank_env.h"
@@ -13,6 +16,12 @@ Status CheckBatchRule(const Config& c) {
                          " is not train_micro_batch_size_per_gpu × gradient_accumulation_steps × world size = " +
                          std::to_string(c.micro_batch) + " × " + std::to_string(c.grad_accum) + " × " +
                          std::to_string(c.world_size) + " = " + std::to_string(want));
+}
+
+void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o) {
+  o->local_ranks = std::max(env.local_world_size, 1);
+  if (o->cpu_threads == 0 && o->local_ranks > 1)
+    o->cpu_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o->local_ranks);
 }
 
 Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, bool cuda, double timeout_s) {

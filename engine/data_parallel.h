@@ -38,7 +38,9 @@
 
 #include "base/status.h"
 #include "comm/communicator.h"
+#include "comm/rank_env.h"
 #include "engine/config.h"
+#include "engine/train_options.h"
 
 namespace strata {
 
@@ -77,6 +79,11 @@ class DataParallel {
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
   std::unique_ptr<comm::Communicator> comm_;
 };
+
+// The ranks on one machine share its host memory and cores: the default
+// host budget (80% of the available memory) and, with cpu_threads 0 (all),
+// the CPU threads become each local rank's share (env.local_world_size).
+void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o);
 
 // What c.world_size ranks do, and the bytes each sends and receives per
 // step for the gradients of `params` parameters (a ring all-reduce of fp32:

@@ -31,6 +31,9 @@ struct TrainOptions {
   // With several ranks (config world_size > 1, engine/data_parallel.h): the
   // longest one collective may take before the rank gives up on its peers.
   double comm_timeout_s = 300;
+  // The ranks on this machine (engine/data_parallel.h ShareTheMachine):
+  // the default host budget and CPU threads are each one's share.
+  int local_ranks = 1;
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
   uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
   bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one

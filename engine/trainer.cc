@@ -100,6 +100,10 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(spec, ModelSpecFor(c));
   dtype = ComputeDType(c);
   shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major"};
+  if (c.world_size != 1) {  // several ranks: this one's share of the machine first
+    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+    ShareTheMachine(env, &opt);
+  }
   ASSIGN_OR_RETURN(backend, MakeBackend(opt));
   if (c.world_size != 1) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, cuda(), opt.comm_timeout_s));
@@ -268,8 +272,13 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, st
   return t;
 }
 
-Result<std::string> Trainer::DryRun(const TrainOptions& options) {
+Result<std::string> Trainer::DryRun(const TrainOptions& given) {
+  TrainOptions options = given;
   const Config& cfg = options.config;
+  if (cfg.world_size != 1) {  // each rank's plan: its share of the machine
+    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+    ShareTheMachine(env, &options);
+  }
   ASSIGN_OR_RETURN(models::ModelSpec spec, ModelSpecFor(cfg));
   // The budgets as the run would see them: the backend it would use, after
   // the GEMM baseline it would measure (nothing else is allocated).

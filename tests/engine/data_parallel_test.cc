@@ -1,14 +1,18 @@
 // engine/data_parallel.h without mpirun: the batch rule, the plan's note
 // and its all-reduce bytes, and the refusal of a config whose world size
 // is not the launcher's. Several ranks train in tests/engine/dp_ranks.cc.
+#include <algorithm>
 #include <memory>
+#include <thread>
 #include <string>
 
 #include "base/bytes.h"
 #include "comm/mpi_communicator.h"
+#include "engine/budgets.h"
 #include "engine/data_parallel.h"
 #include "engine/model_config.h"
 #include "engine/trainer.h"
+#include "kernels/backend.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 
@@ -54,6 +58,29 @@ TEST(DataParallel, DryRunSaysWhatEachRankDoes) {
                               " sent and as much received per rank per step"));
   o.config.train_batch_size = 12;
   EXPECT_THAT(Trainer::DryRun(o), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(DataParallel, LocalRanksShareTheHostAndTheCores) {
+  comm::RankEnv env;
+  env.world_size = env.local_world_size = 2;
+  TrainOptions o = TwoRanks();
+  o.cpu_threads = 0;
+  ShareTheMachine(env, &o);
+  EXPECT_EQ(o.local_ranks, 2);
+  EXPECT_EQ(o.cpu_threads, std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2));
+  TrainOptions given = TwoRanks();
+  given.cpu_threads = 3;  // what the user asked for stays
+  ShareTheMachine(env, &given);
+  EXPECT_EQ(given.cpu_threads, 3);
+  // The default host budget halves (the available memory may move a little between the two reads).
+  std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend(1);
+  TrainOptions alone = TwoRanks();
+  ASSERT_OK_AND_ASSIGN(Budgets one, MeasureBudgets(alone, *backend));
+  ASSERT_OK_AND_ASSIGN(Budgets half, MeasureBudgets(o, *backend));
+  EXPECT_NEAR(static_cast<double>(half.host), static_cast<double>(one.host) / 2, static_cast<double>(one.host) * 0.05);
+  o.host_memory_limit = 1 * kGiB;  // a limit given is each rank's own
+  ASSERT_OK_AND_ASSIGN(Budgets limited, MeasureBudgets(o, *backend));
+  EXPECT_EQ(limited.host, 1 * kGiB);
 }
 
 TEST(DataParallel, ConfigWorldMustBeTheCommunicators) {
