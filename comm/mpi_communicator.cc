@@ -185,7 +185,8 @@ class MpiCommunicator final : public Communicator {
   // The error of a collective that did not complete in time, naming the
   // peers that do not answer a ping.
   Status TimedOut(const std::string& what) {
-    const std::vector<int> silent = SilentPeers(std::clamp(opt_.timeout_s / 4, 0.5, 3.0));
+    // (Generous: a loaded machine may take a while to schedule a peer that is alive.)
+    const std::vector<int> silent = SilentPeers(std::clamp(opt_.timeout_s / 2, 1.0, 5.0));
     std::string m = "not complete after " + SecondsText(opt_.timeout_s) + " (CommOptions::timeout_s); ";
     if (silent.empty()) {
       m += "every peer answers, so the ranks are waiting in different collectives (or with different counts)";
