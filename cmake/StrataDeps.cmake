@@ -11,7 +11,10 @@ find_package(Boost 1.71 REQUIRED COMPONENTS program_options CONFIG)
 # missing): MPI (Open MPI, Debian's libopenmpi-dev) for CPU-backend ranks;
 # NCCL, which comes with the CUDA Toolkit here, for CUDA ranks.
 find_package(MPI COMPONENTS C QUIET)
-set(STRATA_WITH_MPI ${MPI_C_FOUND})
+set(STRATA_WITH_MPI OFF)
+if(MPI_C_FOUND)
+  set(STRATA_WITH_MPI ON)
+endif()
 set(STRATA_WITH_NCCL OFF)
 if(STRATA_WITH_CUDA)
   find_path(STRATA_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include)
