@@ -40,6 +40,9 @@ using ::testing::HasSubstr;
 // ranks), so the step's values differ in the last fp32 bits; over a few Adam
 // steps that stays within these.
 constexpr double kLossRel = 1e-6, kNormRel = 1e-5, kParamAbs = 2e-5;
+// bf16: the replicas' fp32 masters differ from one rank's in the last bits,
+// and rounding them to bf16 parameters can flip a parameter's last bf16 bit.
+constexpr double kBf16LossRel = 1e-4, kBf16NormRel = 1e-4, kBf16ParamAbs = 1e-3;
 
 constexpr int64_t kMicro = 2, kAccum = 2, kSteps = 5;
 
@@ -68,6 +71,7 @@ TrainOptions Tiny(int world, int64_t micro, const std::string& schedule, double 
 }
 
 struct Trained {
+  std::string plan;
   std::vector<StepReport> steps;
   std::vector<float> wte, c_fc;
 };
@@ -78,6 +82,7 @@ Trained Train(const TrainOptions& o) {
   auto t = Trainer::Create(o, log);
   EXPECT_OK(t.status());
   if (!t.ok()) return out;
+  out.plan = (*t)->PlanTable();
   for (int64_t i = 0; i < kSteps; ++i) {
     auto r = (*t)->Step();
     EXPECT_OK(r.status()) << "step " << i + 1;
@@ -115,11 +120,41 @@ void ExpectSameOnEveryRank(const std::vector<float>& v, const char* what) {
   EXPECT_EQ(lo, hi) << what << " differs between the ranks";
 }
 
-void CompareWithOneRank(const std::string& schedule, double clip) {
+// The parameters stream from the host, the checkpoints and (bf16) the
+// gradients live there, the optimizer state on NVMe (`nvme` the directory).
+void Offload(TrainOptions* o, const std::string& nvme, bool bf16) {
+  Config& c = o->config;
+  c.bf16 = bf16;
+  c.zero.offload_optimizer.device = "nvme";
+  c.zero.offload_optimizer.nvme_path = nvme;
+  c.zero.offload_param.device = "cpu";
+  c.activation_checkpointing.cpu_checkpointing = true;
+  // bf16: too small to keep the gradients on the GPU: they go to the host.
+  o->gpu_memory_limit = bf16 ? 1900 * kKiB : 256 * kMiB;
+  o->host_memory_limit = 256 * kMiB;
+}
+
+enum class Placement { kResident, kOffloaded, kOffloadedBf16 };
+
+void CompareWithOneRank(const std::string& schedule, double clip, Placement where = Placement::kResident) {
   const int w = World();
   ASSERT_GE(w, 2) << "run under mpirun with 2 or more ranks";
-  const Trained one = Train(Tiny(1, kMicro * w, schedule, clip));  // every rank runs the reference alone
-  const Trained many = Train(Tiny(w, kMicro, schedule, clip));
+  TrainOptions ref = Tiny(1, kMicro * w, schedule, clip), dp = Tiny(w, kMicro, schedule, clip);
+  testing::TempDir nvme;
+  const bool bf16 = where == Placement::kOffloadedBf16;
+  if (bf16) ref.config.bf16 = true;  // the reference all resident
+  if (where != Placement::kResident) Offload(&dp, nvme.path(), bf16);
+  const double kLossRel = bf16 ? kBf16LossRel : ::strata::kLossRel;
+  const double kNormRel = bf16 ? kBf16NormRel : ::strata::kNormRel;
+  const double kParamAbs = bf16 ? kBf16ParamAbs : ::strata::kParamAbs;
+  const Trained one = Train(ref);  // every rank runs the reference alone
+  const Trained many = Train(dp);
+  if (where != Placement::kResident) {
+    EXPECT_THAT(many.plan, HasSubstr("nvme")) << many.plan;
+  }
+  if (bf16) {
+    EXPECT_THAT(many.plan, HasSubstr("bf16 on the host")) << many.plan;
+  }
   ASSERT_EQ(one.steps.size(), static_cast<size_t>(kSteps));
   ASSERT_EQ(many.steps.size(), static_cast<size_t>(kSteps));
   double loss_rel = 0, norm_rel = 0;
@@ -130,9 +165,10 @@ void CompareWithOneRank(const std::string& schedule, double clip) {
     loss_rel = std::max(loss_rel, std::fabs(b.loss - a.loss) / a.loss);
     norm_rel = std::max(norm_rel, std::fabs(b.grad_norm - a.grad_norm) / a.grad_norm);
   }
-  std::printf("%d ranks vs 1, %s, clip %g: losses %.4f..%.4f; largest relative difference: loss %.2e, grad norm %.2e; "
+  std::printf("%d ranks vs 1, %s, clip %g, %s: losses %.4f..%.4f; largest relative difference: loss %.2e, grad norm %.2e; "
               "parameters: largest difference %.2e\n",
-              w, schedule.c_str(), clip, one.steps.front().loss, one.steps.back().loss, loss_rel, norm_rel,
+              w, schedule.c_str(), clip, where == Placement::kResident ? "resident" : bf16 ? "offloaded bf16" : "offloaded",
+              one.steps.front().loss, one.steps.back().loss, loss_rel, norm_rel,
               std::max(MaxAbsDiff(one.wte, many.wte), MaxAbsDiff(one.c_fc, many.c_fc)));
   EXPECT_LT(one.steps.back().loss, one.steps.front().loss) << "the reference does not learn: the check is weak";
   EXPECT_LE(MaxAbsDiff(one.wte, many.wte), kParamAbs);
@@ -144,6 +180,12 @@ void CompareWithOneRank(const std::string& schedule, double clip) {
 TEST(DataParallelRanks, ClippedLayerMajorGivesTheLossesOfOneRank) { CompareWithOneRank("layer-major", 1.0); }
 TEST(DataParallelRanks, UnclippedLayerMajorGivesTheLossesOfOneRank) { CompareWithOneRank("layer-major", 0); }
 TEST(DataParallelRanks, MicroBatchMajorGivesTheLossesOfOneRank) { CompareWithOneRank("micro-batch-major", 1.0); }
+TEST(DataParallelRanks, OffloadedGivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kOffloaded);
+}
+TEST(DataParallelRanks, OffloadedBf16GivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 0, Placement::kOffloadedBf16);
+}
 
 TEST(DataParallelRanks, BatchRuleIsChecked) {
   TrainOptions o = Tiny(World(), kMicro, "layer-major");
