@@ -161,7 +161,8 @@ class MpiCommunicator final : public Communicator {
     if (!sticky_.ok()) return sticky_;
     MPI_Request q = MPI_REQUEST_NULL;
     int rc = start(&q);
-    if (rc != MPI_SUCCESS) return Break(CollectiveError(StatusCode::kInternal, what, rank_, world_, -1, MpiErrorText(rc)));
+    if (rc != MPI_SUCCESS)
+      return Break(CollectiveError(StatusCode::kInternal, what, rank_, world_, -1, MpiErrorText(rc)));
     const double t0 = NowSeconds();
     for (int spins = 0;; ++spins) {
       int done = 0;

@@ -11,8 +11,9 @@
 // an error comes back, or CommOptions::timeout_s passes. On the timeout the
 // rank pings every peer on a second duplicated communicator and waits half
 // the timeout (1 to 5 s) for the answers; the ranks that do not answer
-// (every rank waiting in a collective answers pings) are named in the error: a killed rank is named, and with every peer
-// answering the error says the ranks called different collectives.
+// (every rank waiting in a collective answers pings) are named in the
+// error: a killed rank is named, and with every peer answering the error
+// says the ranks called different collectives.
 //
 // Under mpirun a dead rank normally makes mpirun kill the job itself;
 // `mpirun --enable-recovery` leaves the others running to report it, as the

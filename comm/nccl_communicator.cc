@@ -100,7 +100,8 @@ class NcclCommunicator final : public Communicator {
       return;
     }
     bool timed_out = false;
-    const ncclResult_t r = AwaitNotInProgress(comm_, ncclCommFinalize(comm_), NowSeconds() + opt_.timeout_s, &timed_out);
+    const double deadline = NowSeconds() + opt_.timeout_s;
+    const ncclResult_t r = AwaitNotInProgress(comm_, ncclCommFinalize(comm_), deadline, &timed_out);
     if (r == ncclSuccess) {
       ncclCommDestroy(comm_);
     } else {

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -68,7 +69,9 @@ class DeviceVec {
   DeviceVec(const DeviceVec&) = delete;
   DeviceVec& operator=(const DeviceVec&) = delete;
   T* get() { return static_cast<T*>(p_); }
-  void Set(const std::vector<T>& v) { EXPECT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess); }
+  void Set(const std::vector<T>& v) {
+    EXPECT_EQ(cudaMemcpy(p_, v.data(), v.size() * sizeof(T), cudaMemcpyHostToDevice), cudaSuccess);
+  }
   std::vector<T> Get() const {
     std::vector<T> v(n_);
     EXPECT_EQ(cudaMemcpy(v.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost), cudaSuccess);
@@ -127,7 +130,8 @@ void CheckCollectives(Communicator& c) {
   const std::vector<uint16_t> got = drecv.Get();
   for (size_t i = 0; i < b; ++i) {
     uint16_t want = 0;  // the max over the ranks q of block r's (q + r + i) % 4
-    for (int q = 0; q < w; ++q) want = std::max<uint16_t>(want, static_cast<uint16_t>(0x3f80 + ((q + r + i) % 4) * 0x80));
+    for (int q = 0; q < w; ++q)
+      want = std::max<uint16_t>(want, static_cast<uint16_t>(0x3f80 + ((q + r + i) % 4) * 0x80));
     ASSERT_EQ(got[i], want) << i;
   }
   EXPECT_EQ(dv.Get(), (std::vector<int64_t>{11, 1LL << 50, -3}));

@@ -89,7 +89,8 @@ TEST(MpiRanks, ReduceScatterSumsEachRanksBlock) {
   const size_t n = 4097;
   std::vector<float> send(n * w), mine(n, -1);
   for (int b = 0; b < w; ++b)
-    for (size_t i = 0; i < n; ++i) send[b * n + i] = static_cast<float>(r + 10 * b) + static_cast<float>(i % 64) * 0.25f;
+    for (size_t i = 0; i < n; ++i)
+      send[b * n + i] = static_cast<float>(r + 10 * b) + static_cast<float>(i % 64) * 0.25f;
   ASSERT_OK(c.ReduceScatter(send.data(), mine.data(), n, DType::kF32, ReduceOp::kSum, nullptr));
   // Block r summed over the ranks q: sum_q (q + 10 r + (i % 64) / 4).
   for (size_t i = 0; i < n; ++i)

@@ -165,10 +165,10 @@ void CompareWithOneRank(const std::string& schedule, double clip, Placement wher
     loss_rel = std::max(loss_rel, std::fabs(b.loss - a.loss) / a.loss);
     norm_rel = std::max(norm_rel, std::fabs(b.grad_norm - a.grad_norm) / a.grad_norm);
   }
-  std::printf("%d ranks vs 1, %s, clip %g, %s: losses %.4f..%.4f; largest relative difference: loss %.2e, grad norm %.2e; "
-              "parameters: largest difference %.2e\n",
-              w, schedule.c_str(), clip, where == Placement::kResident ? "resident" : bf16 ? "offloaded bf16" : "offloaded",
-              one.steps.front().loss, one.steps.back().loss, loss_rel, norm_rel,
+  std::printf("%d ranks vs 1, %s, clip %g, %s: losses %.4f..%.4f; largest relative difference: loss %.2e, "
+              "grad norm %.2e; parameters: largest difference %.2e\n",
+              w, schedule.c_str(), clip,
+              where == Placement::kResident ? "resident" : bf16 ? "offloaded bf16" : "offloaded", one.steps.front().loss, one.steps.back().loss, loss_rel, norm_rel,
               std::max(MaxAbsDiff(one.wte, many.wte), MaxAbsDiff(one.c_fc, many.c_fc)));
   EXPECT_LT(one.steps.back().loss, one.steps.front().loss) << "the reference does not learn: the check is weak";
   EXPECT_LE(MaxAbsDiff(one.wte, many.wte), kParamAbs);
