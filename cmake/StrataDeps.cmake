@@ -7,6 +7,25 @@ find_package(TBB REQUIRED CONFIG)
 find_package(Eigen3 3.3 REQUIRED NO_MODULE)
 find_package(nlohmann_json 3.2 REQUIRED CONFIG)
 find_package(Boost 1.71 REQUIRED COMPONENTS program_options CONFIG)
+# The communicators of comm/, each optional (their factories say what is
+# missing): MPI (Open MPI, Debian's libopenmpi-dev) for CPU-backend ranks;
+# NCCL, which comes with the CUDA Toolkit here, for CUDA ranks.
+find_package(MPI COMPONENTS C QUIET)
+set(STRATA_WITH_MPI OFF)
+if(MPI_C_FOUND)
+  set(STRATA_WITH_MPI ON)
+endif()
+set(STRATA_WITH_NCCL OFF)
+if(STRATA_WITH_CUDA)
+  find_path(STRATA_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ENV NCCL_HOME PATH_SUFFIXES include)
+  find_library(STRATA_NCCL_LIBRARY nccl
+    HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT} ${CUDAToolkit_TARGET_DIR} ENV NCCL_HOME
+    PATH_SUFFIXES lib lib64 targets/x86_64-linux/lib)
+  if(STRATA_NCCL_INCLUDE_DIR AND STRATA_NCCL_LIBRARY)
+    set(STRATA_WITH_NCCL ON)
+  endif()
+endif()
+string(APPEND STRATA_CUDA_SUMMARY ", MPI ${STRATA_WITH_MPI}, NCCL ${STRATA_WITH_NCCL}")
 if(STRATA_BUILD_TESTS)
   find_package(GTest REQUIRED CONFIG)
 endif()

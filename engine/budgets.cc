@@ -60,6 +60,7 @@ Result<Budgets> MeasureBudgets(const TrainOptions& o, const kernels::Backend& ba
     b.host = o.host_memory_limit;
   } else {
     ASSIGN_OR_RETURN(b.host, DefaultHostBudget());
+    b.host /= static_cast<uint64_t>(std::max(o.local_ranks, 1));  // each rank on this machine its share
   }
   if (backend.kind() != kernels::BackendKind::kCuda) {
     b.gpu = o.gpu_memory_limit ? o.gpu_memory_limit : 4 * kGiB;  // the stand-in: host memory

@@ -312,7 +312,8 @@ Status DataLoader::Fill(const TokenSpan& span, uint64_t start, int32_t* tokens, 
 Status DataLoader::NextTrain(int32_t* tokens, int32_t* targets) {
   const uint64_t windows = train_.size() - static_cast<uint64_t>(T_);  // valid start positions
   for (int b = 0; b < B_; ++b) {
-    uint64_t k = position_ * static_cast<uint64_t>(B_) + static_cast<uint64_t>(b);
+    uint64_t k = (position_ * static_cast<uint64_t>(world_) + static_cast<uint64_t>(rank_)) * static_cast<uint64_t>(B_) +
+                 static_cast<uint64_t>(b);
     uint64_t start;
     if (cfg_.sampling == "sequential") {
       start = (k * static_cast<uint64_t>(T_)) % windows;

@@ -104,6 +104,14 @@ class DataLoader {
   // Validation batch `index` (deterministic; sequential windows, wrapping).
   Status Val(uint64_t index, int32_t* tokens, int32_t* targets) const;
 
+  // Data parallelism (engine/data_parallel.h): training batch p is then
+  // rank `rank`'s slice of the global batch p of `world` × B samples —
+  // samples [p·B·world + rank·B, p·B·world + (rank + 1)·B) of the one
+  // sample sequence — so the sequence does not depend on the world size.
+  void SetRanks(int rank, int world) {
+    rank_ = rank;
+    world_ = world;
+  }
   uint64_t position() const { return position_; }
   void set_position(uint64_t p) { position_ = p; }
 
@@ -124,6 +132,7 @@ class DataLoader {
   TokenSpan train_, val_;
   int vocab_ = 0, B_ = 0, T_ = 0;
   uint64_t position_ = 0;
+  int rank_ = 0, world_ = 1;
   std::vector<std::string> checks_;  // what CheckIds checked, per file
 };
 

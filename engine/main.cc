@@ -241,6 +241,9 @@ strata::Status CheckTrainFlags(const TrainFlags& f) {
 strata::Result<strata::Config> ConfigFrom(const TrainFlags& f) {
   strata::ConfigSources sources;
   sources.steps = f.Given("steps") ? f.steps : -1;
+  // Started by a launcher as one of several ranks (engine/data_parallel.h):
+  // the batch rule counts them.
+  ASSIGN_OR_RETURN(sources.world_size, strata::LauncherWorldSize([](const char* v) { return std::getenv(v); }));
   std::optional<strata::WeightsModel> weights;
   if (!f.init_from.empty()) {
     ASSIGN_OR_RETURN(strata::WeightsModel w, strata::ModelFromHfWeights(f.init_from));
@@ -250,6 +253,8 @@ strata::Result<strata::Config> ConfigFrom(const TrainFlags& f) {
   }
   if (f.config_path.empty()) {
     strata::Config c = strata::DefaultConfig();
+    c.world_size = sources.world_size;
+    c.train_batch_size = c.micro_batch * c.grad_accum * c.world_size;
     if (weights) {
       c.model = weights->model;
       std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
@@ -337,15 +342,6 @@ int Train(int argc, char** argv) {
     std::cout << "usage: strata train [options]\n" << desc << "\n";
     return 0;
   }
-  // Started by a multi-process launcher: each process would train the whole
-  // model alone (and write the same checkpoints). Refuse before anything.
-  auto world = strata::LauncherWorldSize([](const char* v) { return std::getenv(v); });
-  if (!world.ok()) return Fail(world.status());
-  if (*world != 1)
-    return Fail(strata::Unavailable(
-        "started as one of " + std::to_string(*world) +
-        " processes (the launcher's world size): strata train runs one process on one GPU so far, and every "
-        "process would train the whole model alone and write the same checkpoints; start it without the launcher"));
   auto o = TrainOptionsFrom(f);
   if (!o.ok()) return Fail(o.status());
   o->argv.assign(argv - 1, argv + argc);  // the JSON log's record of the command line ("strata", "train", ...)

@@ -136,6 +136,7 @@ Status StepEnv::FinishGrad(int unit, void* acc, bool acquired) {
     if (!options_.inject_nonfinite_shard.empty() && sh.name == options_.inject_nonfinite_shard &&
         step_ == options_.inject_nonfinite_step)
       RETURN_IF_ERROR(backend_->Memset(acc, 0xff, 4));  // a NaN (tests)
+    if (hooks_.reduce_grad) RETURN_IF_ERROR(hooks_.reduce_grad(u, acc, sh.numel));
     RETURN_IF_ERROR(backend_->GradStats(acc, DType::kF32, sh.numel, buffers_->sumsq(), buffers_->nonfinite(u)));
   }
   if (!acquired) {

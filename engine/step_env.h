@@ -14,7 +14,8 @@
 // all units in the backward's order) and non-finite count are taken on the
 // GPU, it is rounded into the store's gradient, which leaves for its home at
 // once (the prefetcher queues the write-back at its release), and the
-// optimizer is told (Hooks::grad_final). Before the step's first use of a
+// optimizer is told (Hooks::grad_final); with several ranks it is first
+// summed over them (Hooks::reduce_grad). Before the step's first use of a
 // unit's parameters it waits for the optimizer's update of the unit
 // (Hooks::before_params): never a stale weight.
 //
@@ -85,6 +86,11 @@ class StepEnv final : public models::PassEnv {
     // Unit u's gradient is final and home-bound, and the step is done with
     // its parameters (streaming updates may take it).
     std::function<Status(size_t unit)> grad_final;
+    // Data parallelism (engine/data_parallel.h), when set: unit u's fp32
+    // gradient (`numel` values in the backend's memory), complete for this
+    // rank's micro-batches, is summed over the ranks in place, before its
+    // statistics are taken and it is rounded into the store.
+    std::function<Status(size_t unit, void* f32, int64_t numel)> reduce_grad;
   };
   struct Options {
     // Tests: a NaN is put into unit `inject_nonfinite_shard`'s gradient as it

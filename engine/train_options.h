@@ -28,6 +28,12 @@ struct TrainOptions {
   std::vector<std::string> argv;       // the command line, for the JSON log's "run" record
   bool progress = false;               // a progress line on a terminal
   int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
+  // With several ranks (config world_size > 1, engine/data_parallel.h): the
+  // longest one collective may take before the rank gives up on its peers.
+  double comm_timeout_s = 300;
+  // The ranks on this machine (engine/data_parallel.h ShareTheMachine):
+  // the default host budget and CPU threads are each one's share.
+  int local_ranks = 1;
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
   uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
   bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one

@@ -100,10 +100,15 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(spec, ModelSpecFor(c));
   dtype = ComputeDType(c);
   shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major"};
-  if (c.world_size != 1)
-    return Unavailable("strata train runs one process on one GPU so far; world size is " +
-                       std::to_string(c.world_size));
+  if (c.world_size != 1) {  // several ranks: this one's share of the machine first
+    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+    ShareTheMachine(env, &opt);
+  }
   ASSIGN_OR_RETURN(backend, MakeBackend(opt));
+  if (c.world_size != 1) {
+    ASSIGN_OR_RETURN(dp, DataParallel::Create(c, cuda(), opt.comm_timeout_s));
+    if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
+  }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
                                                                        c.model.seq_len, dtype));
   program.emplace(std::move(p));
@@ -115,7 +120,7 @@ Status Trainer::Impl::Setup() {
   std::vector<std::string> warnings;
   RETURN_IF_ERROR(PreflightChecks(opt, run, tiers, spec, cuda(), &warnings));
   for (const std::string& w : warnings) *log << "warning: " << w << "\n";
-  if (!opt.save_dir.empty()) {
+  if (!opt.save_dir.empty() && leads()) {  // rank 0 alone writes checkpoints
     ASSIGN_OR_RETURN(SaveDirLock lock, SaveDirLock::Acquire(opt.save_dir, log));
     save_lock.emplace(std::move(lock));
   }
@@ -130,6 +135,7 @@ Status Trainer::Impl::Setup() {
   schedule.emplace(sched);
   ASSIGN_OR_RETURN(data, DataLoader::Open(c.data, opt.default_data, static_cast<int>(spec.vocab_size),
                                           static_cast<int>(c.micro_batch), static_cast<int>(c.model.seq_len)));
+  if (dp) data->SetRanks(dp->rank(), dp->world());
   // The step's scratch first: the working set must be there whatever the store caches.
   StepBuffers::Sizes z;
   z.block_scratch = program->block_scratch_bytes();
@@ -233,6 +239,7 @@ Status Trainer::Impl::StartStep() {
   StepEnv::Hooks hooks;
   hooks.before_params = [this](size_t s, double* wait_s) { return WaitForUpdate(s, wait_s); };
   hooks.grad_final = [this](size_t s) { return GradFinal(s); };
+  if (dp) hooks.reduce_grad = [this](size_t, void* g, int64_t n) { return dp->ReduceGradient(g, n, stream()); };
   StepEnv::Options eo;
   eo.inject_nonfinite_shard = opt.inject_nonfinite_shard;
   eo.inject_nonfinite_step = opt.inject_nonfinite_step;
@@ -265,8 +272,13 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, st
   return t;
 }
 
-Result<std::string> Trainer::DryRun(const TrainOptions& options) {
+Result<std::string> Trainer::DryRun(const TrainOptions& given) {
+  TrainOptions options = given;
   const Config& cfg = options.config;
+  if (cfg.world_size != 1) {  // each rank's plan: its share of the machine
+    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+    ShareTheMachine(env, &options);
+  }
   ASSIGN_OR_RETURN(models::ModelSpec spec, ModelSpecFor(cfg));
   // The budgets as the run would see them: the backend it would use, after
   // the GEMM baseline it would measure (nothing else is allocated).
@@ -280,6 +292,10 @@ Result<std::string> Trainer::DryRun(const TrainOptions& options) {
   std::ostringstream os;
   for (const std::string& w : warnings) os << "warning: " << w << "\n";
   os << ZeroStageNote(cfg) << "\n";
+  if (cfg.world_size != 1) {
+    RETURN_IF_ERROR(CheckBatchRule(cfg));
+    os << DataParallelNote(cfg, spec.NumParameters()) << "\n";
+  }
   os << "model: " << spec.n_layer << " layers, d " << spec.d_model << ", " << spec.n_head << " heads, vocab "
      << spec.vocab_size << " (padded " << spec.padded_vocab << "), seq " << cfg.model.seq_len << "; "
      << spec.NumParameters() << " parameters, " << cfg.precision() << "\n";
@@ -381,6 +397,8 @@ Result<double> Trainer::Evaluate(int batches) {
 
 Status Trainer::Save(const std::string& dir) {
   Impl& I = *impl_;
+  // The ranks' states are the same: rank 0 writes it (engine/data_parallel.h).
+  if (!I.leads()) return I.pool->WaitAll(I.step);
   return I.Aside([&] {
     TrainState ts;
     ts.step = I.step;

@@ -13,6 +13,7 @@
 
 #include "engine/budgets.h"
 #include "engine/data.h"
+#include "engine/data_parallel.h"
 #include "engine/gradient_counts.h"
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
@@ -41,6 +42,11 @@ struct Trainer::Impl {
   // writes there once it goes).
   std::optional<SaveDirLock> save_lock;
   std::ostream* log = &std::cerr;
+  // With several ranks (engine/data_parallel.h; null for one). Ranks other
+  // than 0 log into `quiet`, which drops everything.
+  std::unique_ptr<DataParallel> dp;
+  std::ostream quiet{nullptr};
+  bool leads() const { return !dp || dp->leads(); }
   models::ModelSpec spec;
   DType dtype = DType::kF32;
   StepShape shape;

@@ -37,8 +37,9 @@ nlohmann::json PlanJson(const RunPlan& run, const TierSizes& tiers, const std::s
 
 }  // namespace
 
-Status Trainer::Run(std::ostream& out) {
+Status Trainer::Run(std::ostream& given) {
   Impl& I = *impl_;
+  std::ostream& out = I.leads() ? given : I.quiet;  // rank 0 alone logs
   const Config& c = I.cfg();
   const int64_t total = TotalSteps(I.opt);
   const std::string table = PlanTable();
@@ -48,6 +49,7 @@ Status Trainer::Run(std::ostream& out) {
       << c.precision() << "; batch " << c.micro_batch << " x " << c.grad_accum << " micro-batches\n";
   out << "data: " << I.data->Describe() << "\n";
   out << ZeroStageNote(c) << "\n";
+  if (I.dp) out << I.dp->Describe(c, I.spec.NumParameters()) << "\n";
   out << "plan:\n" << table;
   if (I.run.budgets.gpu_overhead)
     out << "gpu: the tier's budget is the limit less " << FormatBytes(I.run.budgets.gpu_overhead)
@@ -64,7 +66,8 @@ Status Trainer::Run(std::ostream& out) {
   lo.assist = I.assist_update != nullptr;
   lo.speculative = I.run.mode.speculative;
   lo.progress = I.opt.progress;
-  lo.json_path = I.opt.log_json;
+  lo.json_path = I.leads() ? I.opt.log_json : "";
+  if (!I.leads()) lo.progress = false;
   nlohmann::json header = {{"argv", I.opt.argv},
                            {"config", ConfigToJson(c)},
                            {"plan", PlanJson(I.run, I.tiers, table)},
@@ -102,8 +105,11 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
     return Cancelled(what + "; the state was saved to " + last_saved + " (continue with --resume " + opt.save_dir +
                      ")");
   };
+  // A signal any rank has seen (with several ranks all stop together).
+  auto stop_signal = [&]() -> Result<int> { return dp ? dp->AnyStop(StopSignal()) : StopSignal(); };
   while (step < total) {
-    if (const int sig = StopSignal()) return stop(sig);
+    ASSIGN_OR_RETURN(const int sig, stop_signal());
+    if (sig) return stop(sig);
     if (Status files = CheckSwapFiles(); !files.ok()) {
       // Nothing of the step has run and the deleted file's data is still
       // readable through the tier's descriptor: save it while we can.
@@ -121,7 +127,8 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
     if (!opt.save_dir.empty() && opt.save_every > 0 && r.step % opt.save_every == 0 && r.step != total)
       RETURN_IF_ERROR(save());
   }
-  if (const int sig = StopSignal()) return stop(sig);
+  ASSIGN_OR_RETURN(const int sig, stop_signal());
+  if (sig) return stop(sig);
   if (data->val_tokens()) RETURN_IF_ERROR(validate());
   if (!opt.save_dir.empty()) RETURN_IF_ERROR(save());
   RETURN_IF_ERROR(pool->WaitAll(step));

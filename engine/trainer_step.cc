@@ -96,6 +96,9 @@ Result<Trainer::Impl::Gradients> Trainer::Impl::ReadLossAndNorm(int64_t valid, d
   double total = 0;
   for (size_t i = 0; i < loss_host.size(); ++i)
     if (tgt_host[i] >= 0) total += loss_host[i];
+  if (dp) {
+    ASSIGN_OR_RETURN(total, dp->SumLoss(total));
+  }
   Gradients g;
   g.loss = total / static_cast<double>(std::max<int64_t>(valid, 1));
   float sumsq = 0;
@@ -213,7 +216,10 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   RETURN_IF_ERROR(ReadyForStep());
   StepReport r;
   const double t0 = NowSeconds();
-  ASSIGN_OR_RETURN(const int64_t valid, UploadInputs(tokens, targets));
+  ASSIGN_OR_RETURN(int64_t valid, UploadInputs(tokens, targets));
+  if (dp) {
+    ASSIGN_OR_RETURN(valid, dp->SumCount(valid));  // the global batch's mean: every rank's targets
+  }
   const double scale = scaler->scale();
   const int64_t next = step + 1;  // the optimizer step this one takes
   const optim::LrValue lr = schedule->ForStep(next);

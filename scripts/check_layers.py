@@ -10,8 +10,9 @@ own headers and those of the folders listed for it:
     swap     base tiers
     kernels  base
     optim    base
+    comm     base
     models   base kernels
-    engine   base tiers swap kernels optim models
+    engine   base tiers swap kernels optim comm models
     bench, tests, examples: any
 
 Usage: scripts/check_layers.py [ROOT]   (exit 0: clean; 1: violations, listed)
@@ -26,8 +27,9 @@ ALLOWED = {
     "swap": {"base", "tiers"},
     "kernels": {"base"},
     "optim": {"base"},
+    "comm": {"base"},
     "models": {"base", "kernels"},
-    "engine": {"base", "tiers", "swap", "kernels", "optim", "models"},
+    "engine": {"base", "tiers", "swap", "kernels", "optim", "comm", "models"},
 }
 LIBRARY = set(ALLOWED)
 ANY = {"bench", "tests", "examples"}

@@ -20,7 +20,7 @@ if [ -z "$cxx" ]; then
 fi
 flags="-fsyntax-only -std=c++20 -I. -DSTRATA_WITH_CUDA=0 -Wthread-safety-analysis -Wthread-safety-precise
        -Wno-thread-safety-attributes -Werror=thread-safety-analysis -Werror=thread-safety-precise"
-files=$(grep -rlE '\bMutexLock\b|\bCondVar\b' --include='*.cc' base tiers swap kernels optim models engine | sort)
+files=$(grep -rlE '\bMutexLock\b|\bCondVar\b' --include='*.cc' base comm tiers swap kernels optim models engine | sort)
 [ -n "$files" ] || { echo "no source uses strata::Mutex: nothing checked"; exit 1; }
 bad=0
 for f in $files; do

@@ -9,6 +9,7 @@ pkgs=(build-essential cmake ninja-build pkg-config git
       python3 python3-venv  # the Python package's tests and example (python/, examples/python/)
       python3-numpy         # their numpy buffer tests (python/tests/test_adam.py, test_store.py)
       gnuplot-nox           # the charts of strata-bench all and strata plot (engine/plot.h)
+      libopenmpi-dev openmpi-bin  # the CPU backend's ranks communicate over MPI (comm/mpi_communicator.h)
       clang)                # the analysis of the lock annotations (scripts/check_thread_safety.sh)
 # strata.torch's tests (python/tests/test_torch.py) need torch: Debian's
 # python3-torch, unless a Python here has it already (as where it comes

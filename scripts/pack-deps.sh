@@ -21,6 +21,12 @@ pkgs=(liburing-dev liburing2
       nlohmann-json3-dev
       libgtest-dev libgmock-dev googletest
       libbenchmark-dev libbenchmark1debian
+      # Open MPI (comm/mpi_communicator.h) with the runtime packages it needs.
+      libopenmpi-dev libopenmpi3 openmpi-bin openmpi-common libpmix2 libpmix-dev
+      libevent-2.1-7 libevent-core-2.1-7 libevent-pthreads-2.1-7 libevent-extra-2.1-7 libevent-openssl-2.1-7
+      libevent-dev libfabric1 libucx0 libpsm2-2 libpsm-infinipath1 libibverbs1 ibverbs-providers
+      librdmacm1 libnl-3-200 libnl-route-3-200 libmunge2 libhwloc-plugins libxnvctrl0
+      libibverbs-dev libnl-3-dev libnl-route-3-dev
       "$@")
 
 command -v apt-get >/dev/null || { echo "pack-deps: apt-get not found (this needs a Debian machine)" >&2; exit 1; }

@@ -1,0 +1,99 @@
+// Data parallelism: the trainer's ranks over a communicator (comm/
+// communicator.h), one per process, started by mpirun (the CPU backend,
+// over MPI) — the trainer's one piece that knows there are several.
+//
+// What each rank does, so that W ranks train exactly as one rank with the
+// same global batch (up to the order of fp32 sums):
+//   batch      train_batch_size = micro × accumulation × W (checked). Each
+//              micro-batch step's global batch is micro × W samples of the
+//              one sample sequence (engine/data.h: sample k of the
+//              stream is a function of k alone); rank r takes samples
+//              [r × micro, (r + 1) × micro) of it (DataLoader::SetRanks),
+//              so the order of samples does not depend on W.
+//   loss       the gradient of the global batch's mean: the step's counted
+//              targets are summed over the ranks before the backward
+//              (SumCount), and the loss every rank reports is the global
+//              mean (SumLoss). Rank 0 alone logs and writes checkpoints.
+//   gradients  each unit's fp32 gradient, once final in the backward, is
+//              summed over the ranks in place (ReduceGradient) before its
+//              statistics are taken (engine/step_env.h): the squared norm
+//              and the non-finite counts are then the global batch's on
+//              every rank, as are clipping and the loss scale's verdicts.
+//   state      every rank updates every shard with the same reduced
+//              gradients, so the replicas stay identical without a
+//              broadcast (same initialization: the seed, or the same
+//              checkpoint). zero_optimization.stage's partitioning across
+//              ranks (stages 1-3: optimizer state, gradients, parameters)
+//              is not implemented yet: each rank holds the whole state, and
+//              the plan says so (Describe).
+//   stopping   a stop signal seen by any rank stops every rank after the
+//              same step (AnyStop, checked between steps).
+//
+// Thread-safety: the step's thread only (collectives run in one order).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "base/status.h"
+#include "comm/communicator.h"
+#include "comm/rank_env.h"
+#include "engine/config.h"
+#include "engine/train_options.h"
+
+namespace strata {
+
+class DataParallel {
+ public:
+  // The ranks of a run whose config says world_size > 1: the communicator
+  // of the process's launcher (MPI for the CPU backend). InvalidArgument
+  // when the batch sizes break the rule or the launcher's ranks differ from
+  // the config's world size; Unavailable for the CUDA backend (its NCCL
+  // data parallelism is not wired into the trainer yet) or without MPI.
+  static Result<std::unique_ptr<DataParallel>> Create(const Config& c, bool cuda, double timeout_s);
+  // For tests and embedders: over a given communicator.
+  static Result<std::unique_ptr<DataParallel>> Over(std::unique_ptr<comm::Communicator> comm, const Config& c);
+
+  int rank() const { return comm_->rank(); }
+  int world() const { return comm_->world_size(); }
+  // Rank 0 logs and writes checkpoints.
+  bool leads() const { return rank() == 0; }
+
+  // The sum over the ranks of each one's counted targets.
+  Result<int64_t> SumCount(int64_t local);
+  // The sum over the ranks of each one's loss sum.
+  Result<double> SumLoss(double local);
+  // The stop signal (engine/signals.h) any rank has seen, or 0: the ranks
+  // stop at the same step boundary, as a signal from mpirun reaches each
+  // at its own moment.
+  Result<int> AnyStop(int signal);
+  // `numel` fp32 values (the backend's memory; `stream` its stream) summed
+  // over the ranks in place.
+  Status ReduceGradient(void* f32, int64_t numel, void* stream);
+
+  // DataParallelNote and "this is rank 0 of 2 (mpi)", for the log.
+  std::string Describe(const Config& c, int64_t params) const;
+
+ private:
+  explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
+  std::unique_ptr<comm::Communicator> comm_;
+};
+
+// The ranks on one machine share its host memory and cores: the default
+// host budget (80% of the available memory) and, with cpu_threads 0 (all),
+// the CPU threads become each local rank's share (env.local_world_size).
+void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o);
+
+// What c.world_size ranks do, and the bytes each sends and receives per
+// step for the gradients of `params` parameters (a ring all-reduce of fp32:
+// 2 (W - 1) / W × 4 bytes per parameter each way), for --dry-run and the log.
+std::string DataParallelNote(const Config& c, int64_t params);
+// Those bytes.
+uint64_t AllReduceBytesPerRank(int world, int64_t params);
+
+// train_batch_size = micro × accumulation × world size, as DeepSpeed
+// checks it: InvalidArgument naming the four values otherwise.
+Status CheckBatchRule(const Config& c);
+
+}  // namespace strata

@@ -1,0 +1,103 @@
+// engine/data_parallel.h without mpirun: the batch rule, the plan's note
+// and its all-reduce bytes, and the refusal of a config whose world size
+// is not the launcher's. Several ranks train in tests/engine/dp_ranks.cc.
+#include <algorithm>
+#include <memory>
+#include <thread>
+#include <string>
+
+#include "base/bytes.h"
+#include "comm/mpi_communicator.h"
+#include "engine/budgets.h"
+#include "engine/data_parallel.h"
+#include "engine/model_config.h"
+#include "engine/trainer.h"
+#include "kernels/backend.h"
+#include "tests/engine/tiny_trainer.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+using ::strata::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TrainOptions TwoRanks() {
+  TrainOptions o = testing::TinyTrainer(2);
+  o.backend = "cpu";
+  o.config.world_size = 2;
+  o.config.train_batch_size = o.config.micro_batch * o.config.grad_accum * 2;
+  return o;
+}
+
+TEST(DataParallel, BatchRuleNamesTheFourValues) {
+  TrainOptions o = TwoRanks();
+  EXPECT_OK(CheckBatchRule(o.config));
+  o.config.train_batch_size = 8;  // 4 x 2 x 2 is 16
+  Status s = CheckBatchRule(o.config);
+  EXPECT_THAT(s, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(s.message(), HasSubstr("train_batch_size 8 is not"));
+  EXPECT_THAT(s.message(), HasSubstr("= 4 × 2 × 2 = 16"));
+}
+
+TEST(DataParallel, RingAllReduceBytes) {
+  EXPECT_EQ(AllReduceBytesPerRank(1, 1000), 0u);
+  EXPECT_EQ(AllReduceBytesPerRank(2, 1000), 4000u);  // 2 (W-1)/W x 4 B: half out, half back, twice
+  EXPECT_EQ(AllReduceBytesPerRank(3, 300), 1600u);
+}
+
+TEST(DataParallel, DryRunSaysWhatEachRankDoes) {
+  TrainOptions o = TwoRanks();
+  o.config.zero.stage = 2;
+  ASSERT_OK_AND_ASSIGN(std::string plan, Trainer::DryRun(o));
+  EXPECT_THAT(plan, HasSubstr("data parallel: 2 ranks; each micro-batch step's 8 samples split 4 per rank"));
+  EXPECT_THAT(plan, HasSubstr("the plan below is each rank's"));
+  EXPECT_THAT(plan, HasSubstr("zero_optimization.stage 2's partitioning across ranks is not implemented yet"));
+  ASSERT_OK_AND_ASSIGN(models::ModelSpec spec, ModelSpecFor(o.config));
+  EXPECT_THAT(plan, HasSubstr("backward: " + FormatBytes(AllReduceBytesPerRank(2, spec.NumParameters())) +
+                              " sent and as much received per rank per step"));
+  o.config.train_batch_size = 12;
+  EXPECT_THAT(Trainer::DryRun(o), StatusIs(StatusCode::kInvalidArgument));
+}
+
+TEST(DataParallel, LocalRanksShareTheHostAndTheCores) {
+  comm::RankEnv env;
+  env.world_size = env.local_world_size = 2;
+  TrainOptions o = TwoRanks();
+  o.cpu_threads = 0;
+  ShareTheMachine(env, &o);
+  EXPECT_EQ(o.local_ranks, 2);
+  EXPECT_EQ(o.cpu_threads, std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / 2));
+  TrainOptions given = TwoRanks();
+  given.cpu_threads = 3;  // what the user asked for stays
+  ShareTheMachine(env, &given);
+  EXPECT_EQ(given.cpu_threads, 3);
+  // The default host budget halves (the available memory may move a little between the two reads).
+  std::unique_ptr<kernels::Backend> backend = kernels::MakeCpuBackend(1);
+  TrainOptions alone = TwoRanks();
+  ASSERT_OK_AND_ASSIGN(Budgets one, MeasureBudgets(alone, *backend));
+  ASSERT_OK_AND_ASSIGN(Budgets half, MeasureBudgets(o, *backend));
+  EXPECT_NEAR(static_cast<double>(half.host), static_cast<double>(one.host) / 2, static_cast<double>(one.host) * 0.05);
+  o.host_memory_limit = 1 * kGiB;  // a limit given is each rank's own
+  ASSERT_OK_AND_ASSIGN(Budgets limited, MeasureBudgets(o, *backend));
+  EXPECT_EQ(limited.host, 1 * kGiB);
+}
+
+TEST(DataParallel, ConfigWorldMustBeTheCommunicators) {
+  if (!comm::BuiltWithMpi()) GTEST_SKIP() << "built without MPI";
+  ASSERT_OK_AND_ASSIGN(auto one, comm::CreateMpiCommunicator(comm::CommOptions{}));  // no mpirun: one rank
+  auto dp = DataParallel::Over(std::move(one), TwoRanks().config);
+  EXPECT_THAT(dp, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(dp.status().message(), HasSubstr("mpirun -n 2"));
+}
+
+TEST(DataParallel, TrainerWithoutTheRanksSaysHowToStartThem) {
+  if (!comm::BuiltWithMpi()) GTEST_SKIP() << "built without MPI";
+  std::ostringstream log;
+  auto t = Trainer::Create(TwoRanks(), log);
+  EXPECT_THAT(t, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(t.status().message(), HasSubstr("mpirun -n 2"));
+}
+
+}  // namespace
+}  // namespace strata
