@@ -57,7 +57,7 @@ BlockSpec GptBlock(const GptConfig& c) {
   param("mlp.c_proj.bias", {C}, kZeros);
   auto op = [&](OpKind kind, const char* in, const char* out, const char* weight = "", const char* bias = "",
                 const char* residual = "", bool gelu = false) {
-    b.ops.push_back(BlockOp{kind, in, out, weight, bias, residual, gelu});
+    b.ops.push_back(BlockOp{kind, in, out, weight, bias, residual, gelu, false, {}, {}});
   };
   op(OpKind::kLayerNorm, "x", "ln1", "ln_1.weight", "ln_1.bias");
   op(OpKind::kLinear, "ln1", "qkv", "attn.c_attn.weight", "attn.c_attn.bias");
