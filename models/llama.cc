@@ -4,6 +4,9 @@
 #include <string>
 #include <vector>
 
+#include "models/family.h"
+#include "models/hf_config_fields.h"
+
 namespace strata::models {
 
 namespace {
@@ -129,6 +132,9 @@ Status LlamaConfig::Validate() const {
     return bad("padded_vocab_size = " + Str(padded_vocab_size) +
                " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " + Str(vocab_size));
   if (seq_len < 1) return bad("seq_len = " + Str(seq_len) + " must be >= 1");
+  if (sliding_window > 0 && sliding_window < seq_len)
+    return bad("sliding_window = " + Str(sliding_window) + " is shorter than seq_len = " + Str(seq_len) +
+               ": attention within a sliding window is not supported (train sequences <= the window)");
   if (!(rms_norm_eps > 0.f) || !std::isfinite(rms_norm_eps))
     return bad("rms_norm_eps = " + std::to_string(rms_norm_eps) + " must be finite and > 0");
   if (!(rope.theta > 0.f) || !std::isfinite(rope.theta))
@@ -194,6 +200,168 @@ Result<ModelSpec> LlamaSpec(const LlamaConfig& c) {
   add("model.norm.weight", f, m.head.norm_weight_offset, {C}, kOnes);
   if (!m.head.tied) add("lm_head.weight", f, m.head.lm_head_offset, {c.vocab_size, C}, w);
   return m;
+}
+
+// ---- the registry's entries ----------------------------------------------------
+
+namespace {
+
+using kernels::RopeParams;
+
+// The RoPE settings of a config.json: transformers 5's rope_parameters, or
+// transformers 4's rope_theta and rope_scaling.
+Result<RopeParams> ReadRope(const nlohmann::json& j, const HfFields& f) {
+  RopeParams r;
+  const nlohmann::json* scaling = nullptr;
+  double theta = 10000.0;
+  if (f.Has("rope_parameters")) {
+    const nlohmann::json& p = j.at("rope_parameters");
+    if (!p.is_object()) return InvalidArgument(f.path() + ": \"rope_parameters\" is not an object");
+    ASSIGN_OR_RETURN(theta, f.RealIn(p, "rope_theta", 10000.0));
+    scaling = &p;
+  } else {
+    ASSIGN_OR_RETURN(theta, f.Real("rope_theta", 10000.0));
+    if (f.Has("rope_scaling")) {
+      scaling = &j.at("rope_scaling");
+      if (!scaling->is_object()) return InvalidArgument(f.path() + ": \"rope_scaling\" is not an object");
+    }
+  }
+  r.theta = static_cast<float>(theta);
+  if (!scaling) return r;
+  std::string type = "default";
+  for (const char* key : {"rope_type", "type"})
+    if (scaling->contains(key) && scaling->at(key).is_string()) {
+      type = scaling->at(key).get<std::string>();
+      break;
+    }
+  if (type == "default") return r;
+  if (type != "linear" && type != "llama3")
+    return InvalidArgument(f.path() + ": rope type \"" + type + "\" is not supported (default, linear, llama3)");
+  r.type = type == "linear" ? RopeParams::kLinear : RopeParams::kLlama3;
+  ASSIGN_OR_RETURN(const double factor, f.RealIn(*scaling, "factor", -1));
+  if (factor <= 0) return InvalidArgument(f.path() + ": rope type " + type + " without a \"factor\"");
+  r.factor = static_cast<float>(factor);
+  if (r.type == RopeParams::kLlama3) {
+    ASSIGN_OR_RETURN(const double lo, f.RealIn(*scaling, "low_freq_factor", 1.0));
+    ASSIGN_OR_RETURN(const double hi, f.RealIn(*scaling, "high_freq_factor", 4.0));
+    ASSIGN_OR_RETURN(const double orig, f.RealIn(*scaling, "original_max_position_embeddings", 8192));
+    r.low_freq_factor = static_cast<float>(lo);
+    r.high_freq_factor = static_cast<float>(hi);
+    r.original_max_positions = static_cast<int64_t>(orig);
+  }
+  return r;
+}
+
+nlohmann::json RopeScalingJson(const RopeParams& r) {
+  if (r.type == RopeParams::kDefault) return nullptr;
+  nlohmann::json s{{"rope_type", r.type == RopeParams::kLinear ? "linear" : "llama3"}, {"factor", ShortDecimal(r.factor)}};
+  if (r.type == RopeParams::kLlama3) {
+    s["low_freq_factor"] = ShortDecimal(r.low_freq_factor);
+    s["high_freq_factor"] = ShortDecimal(r.high_freq_factor);
+    s["original_max_position_embeddings"] = r.original_max_positions;
+  }
+  return s;
+}
+
+const char* ModelType(const std::string& arch) {
+  if (arch == "MistralForCausalLM") return "mistral";
+  if (arch == "Qwen2ForCausalLM") return "qwen2";
+  return "llama";
+}
+
+}  // namespace
+
+Result<ModelSpec> LlamaFromDesc(const ModelDesc& d) {
+  LlamaConfig c;
+  c.hf_architecture = d.hf_architecture.empty() ? "LlamaForCausalLM" : d.hf_architecture;
+  c.n_layer = d.n_layer;
+  c.n_embd = d.n_embd;
+  c.n_head = d.n_head;
+  c.n_kv_head = d.n_kv_head;
+  c.intermediate_size = d.intermediate_size;
+  c.vocab_size = d.vocab_size;
+  c.seq_len = d.seq_len;
+  c.rms_norm_eps = d.norm_eps > 0 ? static_cast<float>(d.norm_eps) : 1e-6f;
+  c.rope = d.rope;
+  c.tie_word_embeddings = d.tie_word_embeddings;
+  c.attention_bias = d.attention_bias || c.hf_architecture == "Qwen2ForCausalLM";
+  c.sliding_window = d.sliding_window;
+  return LlamaSpec(c);
+}
+
+Result<ModelDesc> LlamaReadHfConfig(const nlohmann::json& j, const std::string& path) {
+  HfFields f(j, path);
+  ModelDesc d;
+  d.arch = "llama";
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    d.hf_architecture = j["architectures"][0].get<std::string>();
+  const bool qwen2 = d.hf_architecture == "Qwen2ForCausalLM";
+  ASSIGN_OR_RETURN(d.n_layer, f.Int("num_hidden_layers", -1));
+  ASSIGN_OR_RETURN(d.n_embd, f.Int("hidden_size", -1));
+  ASSIGN_OR_RETURN(d.n_head, f.Int("num_attention_heads", -1));
+  ASSIGN_OR_RETURN(d.n_kv_head, f.Int("num_key_value_heads", d.n_head));
+  ASSIGN_OR_RETURN(d.intermediate_size, f.Int("intermediate_size", -1));
+  ASSIGN_OR_RETURN(d.vocab_size, f.Int("vocab_size", -1));
+  ASSIGN_OR_RETURN(d.seq_len, f.Int("max_position_embeddings", -1));
+  ASSIGN_OR_RETURN(d.norm_eps, f.Real("rms_norm_eps", 1e-6));
+  ASSIGN_OR_RETURN(d.tie_word_embeddings, f.Bool("tie_word_embeddings", false));
+  ASSIGN_OR_RETURN(const bool attention_bias, f.Bool("attention_bias", false));
+  if (attention_bias && !qwen2)
+    return InvalidArgument(path + ": \"attention_bias\": true (biases on q, k, v and o_proj) is not supported");
+  d.attention_bias = qwen2;
+  ASSIGN_OR_RETURN(const bool mlp_bias, f.Bool("mlp_bias", false));
+  if (mlp_bias) return InvalidArgument(path + ": \"mlp_bias\": true is not supported");
+  ASSIGN_OR_RETURN(const std::string act, f.Text("hidden_act", "silu"));
+  if (act != "silu") return InvalidArgument(path + ": \"hidden_act\" \"" + act + "\" is not supported (silu)");
+  ASSIGN_OR_RETURN(const int64_t head_dim, f.Int("head_dim", d.n_embd / d.n_head));
+  if (head_dim * d.n_head != d.n_embd)
+    return InvalidArgument(path + ": \"head_dim\" " + std::to_string(head_dim) + " is not hidden_size / "
+                           "num_attention_heads (" + std::to_string(d.n_embd / d.n_head) + "): not supported");
+  ASSIGN_OR_RETURN(const bool use_sliding, f.Bool("use_sliding_window", !qwen2));
+  if (use_sliding) {
+    ASSIGN_OR_RETURN(d.sliding_window, f.Int("sliding_window", 0));
+  }
+  ASSIGN_OR_RETURN(d.rope, ReadRope(j, f));
+  return d;
+}
+
+Result<nlohmann::json> LlamaWriteHfConfig(const ModelSpec& spec, nlohmann::json c) {
+  const bool transformers5 = c.contains("rope_parameters");
+  if (c.empty()) c = {{"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"use_cache", true}};
+  const BlockParam* gate = spec.block.Find("mlp.gate_proj.weight");
+  if (!gate) return Internal("llama config.json: the block has no mlp.gate_proj.weight");
+  c["architectures"] = {spec.hf_architecture};
+  c["model_type"] = ModelType(spec.hf_architecture);
+  c["hidden_act"] = "silu";
+  c["vocab_size"] = spec.vocab_size;
+  c["hidden_size"] = spec.d_model;
+  c["intermediate_size"] = gate->shape[0];
+  c["num_hidden_layers"] = spec.n_layer;
+  c["num_attention_heads"] = spec.n_head;
+  c["num_key_value_heads"] = spec.kv_heads();
+  c["head_dim"] = spec.head_dim();
+  // RoPE has no table: the source's longer context stays the model's.
+  const int64_t base_max = c.contains("max_position_embeddings") && c["max_position_embeddings"].is_number_integer()
+                               ? c["max_position_embeddings"].get<int64_t>() : 0;
+  c["max_position_embeddings"] = std::max(base_max, spec.max_seq);
+  c["rms_norm_eps"] = ShortDecimal(spec.block.norm_eps);
+  c["tie_word_embeddings"] = spec.head.tied;
+  if (spec.hf_architecture != "Qwen2ForCausalLM") {
+    c["attention_bias"] = false;
+    c["mlp_bias"] = false;
+  }
+  const RopeParams& r = spec.block.rope;
+  if (transformers5) {
+    nlohmann::json p = RopeScalingJson(r);
+    if (p.is_null()) p = {{"rope_type", "default"}};
+    p["rope_theta"] = ShortDecimal(r.theta);
+    c["rope_parameters"] = p;
+  } else {
+    c["rope_theta"] = ShortDecimal(r.theta);
+    c["rope_scaling"] = RopeScalingJson(r);
+  }
+  return c;
 }
 
 }  // namespace strata::models

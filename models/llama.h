@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "base/status.h"
 #include "kernels/rope_params.h"
 #include "models/model_spec.h"
@@ -48,6 +50,7 @@ struct LlamaConfig {
   kernels::RopeParams rope;       // rope_theta, rope_scaling
   bool tie_word_embeddings = false;
   bool attention_bias = false;    // q/k/v biases (Qwen2)
+  int64_t sliding_window = 0;     // Mistral/Qwen2: attention within a window; 0 = none (must cover seq_len)
   double initializer_range = 0.02;
 
   int64_t Vp() const;
@@ -59,5 +62,24 @@ struct LlamaConfig {
 
 // The Llama-family model of `config` (Validate()d first).
 Result<ModelSpec> LlamaSpec(const LlamaConfig& config);
+
+// The family's registry entries (models/family.h). config.json: the
+// architecture's own fields (num_hidden_layers, hidden_size,
+// num_attention_heads, num_key_value_heads, intermediate_size, vocab_size,
+// max_position_embeddings, rms_norm_eps, tie_word_embeddings,
+// attention_bias; Qwen2 always has q/k/v biases), RoPE from transformers 5's
+// rope_parameters {rope_theta, rope_type, ...} or transformers 4's top-level
+// rope_theta and rope_scaling {rope_type | type, factor, low_freq_factor,
+// high_freq_factor, original_max_position_embeddings}: types default, linear,
+// llama3 (others: an error naming the type). What strata's block does not
+// compute is an error naming the field: hidden_act other than silu, mlp_bias,
+// Llama's attention_bias (it biases o_proj too), a head_dim other than
+// hidden_size / num_attention_heads. The writer writes the same fields (RoPE
+// in the base's style: rope_parameters when the base has it, else
+// rope_theta/rope_scaling).
+struct ModelDesc;
+Result<ModelSpec> LlamaFromDesc(const ModelDesc& desc);
+Result<ModelDesc> LlamaReadHfConfig(const nlohmann::json& config, const std::string& path);
+Result<nlohmann::json> LlamaWriteHfConfig(const ModelSpec& spec, nlohmann::json base);
 
 }  // namespace strata::models
