@@ -101,13 +101,24 @@ int HeadsFromConfigJson(const std::string& weights, std::string* from) {
 
 }  // namespace
 
-Result<std::optional<WeightsModel>> ModelFromHfConfig(const std::string& init_from) {
+static Result<std::optional<WeightsModel>> ModelFromHfConfig(const std::string& init_from) {
   const std::string dir = ModelSourceDir(init_from);
   const std::string path = dir + "/config.json";
   Result<std::string> text = ReadConfigText(path);
   if (!text.ok()) return std::optional<WeightsModel>();
   ASSIGN_OR_RETURN(nlohmann::json j, ParseConfigJson(*text, path));
-  if (!j.is_object() || (!j.contains("architectures") && !j.contains("model_type"))) return std::optional<WeightsModel>();
+  if (!j.is_object()) return std::optional<WeightsModel>();
+  std::string arch;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  else if (j.contains("model_type") && j["model_type"].is_string())
+    arch = j["model_type"].get<std::string>();
+  if (arch.empty()) return std::optional<WeightsModel>();
+  Result<const models::Family*> fam = models::FindFamily(arch);
+  if (!fam.ok()) return fam.status().WithContext(path + ": architectures");
+  // GPT-2's shape comes from its weights (below), the heads from this file.
+  if (std::string((*fam)->name) == "gpt2") return std::optional<WeightsModel>();
   ASSIGN_OR_RETURN(models::ModelDesc d, models::ReadHfConfig(j, path));
   WeightsModel w;
   w.model = ConfigOf(d);
@@ -122,10 +133,7 @@ Result<WeightsModel> ModelFromHfWeights(const std::string& path) {
   // A config.json naming a family whose shape the weights alone do not give
   // (every one but GPT-2) describes the model.
   ASSIGN_OR_RETURN(std::optional<WeightsModel> from_config, ModelFromHfConfig(path));
-  if (from_config) {
-    ASSIGN_OR_RETURN(const models::Family* fam, models::FindFamily(from_config->model.arch));
-    if (std::string(fam->name) != "gpt2") return *from_config;
-  }
+  if (from_config) return *from_config;
   ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(path));
   std::string prefix;
   const SafetensorsEntry* wte = f.Find("wte.weight");

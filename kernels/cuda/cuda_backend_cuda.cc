@@ -571,6 +571,9 @@ class CudaBackend final : public Backend {
                              " must be > 0");
     RETURN_IF_ERROR(CheckIntRange(op, "seq", s.seq));
     RETURN_IF_ERROR(CheckIntRange(op, "heads * head_dim", s.heads * s.head_dim));
+    if (s.kv_heads < 0 || (s.heads > 0 && s.heads % s.kv() != 0))
+      return InvalidArgument(std::string(op) + ": kv_heads = " + std::to_string(s.kv_heads) +
+                             " does not divide heads = " + std::to_string(s.heads));
     if (opts_.attention == AttentionImpl::kFlash && !cuda::FlashAttentionSupports(s, info_.cc_major))
       return InvalidArgument(std::string(op) +
                              ": the flash kernels need f16/bf16, head_dim % 8 == 0 and <= 128, "
