@@ -158,12 +158,12 @@ struct RopeScalingConfig {
 // The model: its architecture (a family of models/family.h, or a Hugging
 // Face class of one) and shape; the Llama family's fields under their HF names.
 struct ModelConfig {
-  std::string arch = "gpt2";  // gpt2 | llama | GPT2LMHeadModel | LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
   int n_layer = 4;
   int n_embd = 128;
   int n_head = 4;
   int vocab_size = 256;
   int seq_len = 128;
+  std::string arch = "gpt2";  // gpt2 | llama | GPT2LMHeadModel | LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
   // llama:
   int n_kv_head = 0;              // num_key_value_heads; 0 = n_head
   int intermediate_size = 0;      // required for llama
