@@ -171,7 +171,7 @@ struct ModelConfig {
   double rope_theta = 10000;
   RopeScalingConfig rope_scaling;
   bool tie_word_embeddings = false;
-  bool attention_bias = false;    // q/k/v biases (Qwen2ForCausalLM always has them)
+  bool attention_bias = false;    // q/k/v biases: Qwen2ForCausalLM's (always), an error for other classes
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -284,7 +284,12 @@ Result<ModelSpec> LlamaFromDesc(const ModelDesc& d) {
   c.rms_norm_eps = d.norm_eps > 0 ? static_cast<float>(d.norm_eps) : 1e-6f;
   c.rope = d.rope;
   c.tie_word_embeddings = d.tie_word_embeddings;
-  c.attention_bias = d.attention_bias || c.hf_architecture == "Qwen2ForCausalLM";
+  // q/k/v biases alone are Qwen2's block (Llama's attention_bias biases
+  // o_proj too, which this block does not compute).
+  if (d.attention_bias && c.hf_architecture != "Qwen2ForCausalLM")
+    return InvalidArgument("attention_bias (q/k/v biases) is Qwen2ForCausalLM's block, not " + c.hf_architecture +
+                           "'s: give arch Qwen2ForCausalLM");
+  c.attention_bias = c.hf_architecture == "Qwen2ForCausalLM";
   c.sliding_window = d.sliding_window;
   return LlamaSpec(c);
 }
