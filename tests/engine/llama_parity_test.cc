@@ -4,9 +4,15 @@
 // loss, the gradient norm, every parameter after one and after three AdamW
 // steps and the losses after them (tests/engine/gpt2_parity.h's checks, which
 // are family-neutral), all-resident and offloaded, fp32 and bf16.
+#include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "engine/model_config.h"
+#include "engine/safetensors.h"
 #include "engine/trainer.h"
 #include "tests/engine/gpt2_parity.h"
 #include "tests/test_util.h"
@@ -73,6 +79,57 @@ TEST_F(LlamaParity, Bf16AdamWStepsTrackTransformers) {
   TrainOptions o = testing::Gpt2RefOptions(*ref_, "cpu", /*bf16=*/false);
   o.config.bf16 = true;
   testing::CheckTrainerAgainstGpt2Ref(*ref_, o, kBf16, "llama cpu bf16", one_step());
+}
+
+}  // namespace
+}  // namespace strata
+
+namespace strata {
+namespace {
+
+// --init-from a Hugging Face Llama directory: config.json (transformers 5's,
+// as the fixture's llama_tiny_hf has it) gives the model, model.safetensors
+// under HF names the weights; the first step's loss is the reference's.
+TEST_F(LlamaParity, InitFromAHuggingFaceDirectory) {
+  testing::TempDir dir;
+  const nlohmann::json& m = ref_->config;
+  nlohmann::json cfg{{"architectures", {"LlamaForCausalLM"}}, {"model_type", "llama"},
+                     {"hidden_size", m.at("n_embd")}, {"intermediate_size", m.at("ffn_dim")},
+                     {"num_hidden_layers", m.at("n_layer")}, {"num_attention_heads", m.at("n_head")},
+                     {"num_key_value_heads", m.at("n_kv_head")}, {"vocab_size", m.at("vocab_size")},
+                     {"max_position_embeddings", m.at("seq_len")}, {"rms_norm_eps", m.at("rms_norm_eps")},
+                     {"tie_word_embeddings", m.at("tied_lm_head")}, {"hidden_act", "silu"},
+                     {"rope_parameters", {{"rope_theta", m.at("rope_theta")}, {"rope_type", "default"}}},
+                     {"dtype", "float32"}};
+  std::ofstream(dir.File("config.json")) << cfg.dump(2);
+  std::vector<std::vector<float>> values;
+  std::vector<HostTensor> tensors;
+  for (const auto& e : ref_->file.entries()) {
+    if (e.name.rfind("param.", 0) != 0) continue;
+    ASSERT_OK_AND_ASSIGN(std::vector<float> v, ref_->file.ReadF32(e.name));
+    values.push_back(std::move(v));
+    tensors.push_back(HostTensor{e.name.substr(6), DType::kF32, e.shape, nullptr});
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = values[i].data();
+  ASSERT_OK(WriteSafetensors(dir.File("model.safetensors"), tensors));
+
+  ASSERT_OK_AND_ASSIGN(WeightsModel w, ModelFromHfWeights(dir.path()));
+  EXPECT_TRUE(w.from_config_json);
+  EXPECT_EQ(w.model.arch, "LlamaForCausalLM");
+  EXPECT_EQ(w.model.n_kv_head, m.at("n_kv_head").get<int>());
+  EXPECT_EQ(w.model.seq_len, m.at("seq_len").get<int>());
+  EXPECT_EQ(w.dtype, "fp32");
+  TrainOptions o = testing::Gpt2RefOptions(*ref_, "cpu", /*bf16=*/false);
+  o.config.model = w.model;
+  o.init_from = dir.path();
+  o.init_prefix = "";
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK_AND_ASSIGN(auto tokens, ref_->file.ReadI32("input_ids"));
+  ASSERT_OK_AND_ASSIGN(auto targets, ref_->file.ReadI32("targets"));
+  ASSERT_OK_AND_ASSIGN(auto loss, ref_->file.ReadF64("loss"));
+  ASSERT_OK_AND_ASSIGN(StepReport r, t->StepWith(tokens.data(), targets.data()));
+  EXPECT_LE(std::fabs(r.loss - loss[0]) / loss[0], 2e-7) << r.loss << " vs " << loss[0];
 }
 
 }  // namespace
