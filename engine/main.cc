@@ -230,7 +230,11 @@ strata::Status CheckTrainFlags(const TrainFlags& f) {
     if (!strata::IsUtf8(f.data))
       return strata::InvalidArgument("--data: the path is not valid UTF-8: " + strata::PrintableText(f.data));
   }
-  if (f.Given("init-from")) RETURN_IF_ERROR(CheckPathFlag("--init-from", f.init_from, false, true));
+  if (f.Given("init-from")) {  // a model directory or a file
+    struct stat st {};
+    if (f.init_from.empty()) return strata::InvalidArgument("--init-from was given an empty path");
+    if (::stat(f.init_from.c_str(), &st) != 0) return strata::ErrnoStatus("--init-from: cannot stat", f.init_from);
+  }
   if (f.Given("log-json")) RETURN_IF_ERROR(CheckPathFlag("--log-json", f.log_json, false, false));
   if (f.Given("save")) RETURN_IF_ERROR(CheckPathFlag("--save", f.save, true, false));
   if (f.Given("resume")) RETURN_IF_ERROR(CheckPathFlag("--resume", f.resume, true, true));
@@ -253,7 +257,10 @@ strata::Result<strata::Config> ConfigFrom(const TrainFlags& f) {
     strata::Config c = strata::DefaultConfig();
     if (weights) {
       c.model = weights->model;
-      std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
+      if (weights->from_config_json)
+        std::cerr << "model: " << weights->model.arch << " of " << weights->n_head_from << "\n";
+      else
+        std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
     }
     return c;
   }
