@@ -331,7 +331,7 @@ int RunTrain(int argc, char** argv) {
   AddCommonOptions(desc, o.common);
   desc.add_options()("resident", po::bool_switch(&o.resident), kWorkloads[0].summary)(
       "workload", po::value(&workload)->value_name("NAME"),
-      "the offload trainer on a named workload: gpt-6.7b, gpt-1.3b-offload, gpt-1.3b-nvme")(
+      "the offload trainer on a named workload: gpt-6.7b, gpt-1.3b-offload, gpt-1.3b-nvme, llama-8b")(
       "gpu-memory-limit", po::value(&gpu_limit)->value_name("SIZE"), "--workload: override its GPU limit")(
       "host-memory-limit", po::value(&host_limit)->value_name("SIZE"), "--workload: override its host limit")(
       "accum", po::value(&accum), "--workload: gradient accumulation steps (default: the workload's)")(
@@ -410,7 +410,7 @@ int RunTrain(int argc, char** argv) {
 
 }  // namespace
 
-STRATA_BENCH_COMMAND("train", "training-step throughput: --resident, or --workload gpt-6.7b|gpt-1.3b-offload|gpt-1.3b-nvme",
+STRATA_BENCH_COMMAND("train", "training-step throughput: --resident, or --workload gpt-6.7b|gpt-1.3b-offload|gpt-1.3b-nvme|llama-8b",
                      RunTrain);
 
 }  // namespace strata::bench

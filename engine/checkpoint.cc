@@ -35,8 +35,20 @@ constexpr const char* kOldMasterFile = "model.safetensors";
 constexpr const char* kManifest = "manifest.json";
 
 nlohmann::json ModelJson(const models::ModelSpec& m) {
-  return {{"n_layer", m.n_layer}, {"n_embd", m.d_model}, {"n_head", m.n_head},
-          {"vocab_size", m.vocab_size}, {"padded_vocab_size", m.padded_vocab}, {"seq_len", m.max_seq}};
+  return {{"family", m.family},          {"architecture", m.hf_architecture}, {"n_layer", m.n_layer},
+          {"n_embd", m.d_model},         {"n_head", m.n_head},                {"n_kv_head", m.kv_heads()},
+          {"num_parameters", m.NumParameters()}, {"vocab_size", m.vocab_size},
+          {"padded_vocab_size", m.padded_vocab}, {"seq_len", m.max_seq}};
+}
+
+// What a manifest written before a field existed means by its absence: the
+// GPT-2 model they all were.
+nlohmann::json ManifestModelDefault(const std::string& key, const models::ModelSpec& m) {
+  if (key == "family") return "gpt2";
+  if (key == "architecture") return "GPT2LMHeadModel";
+  if (key == "n_kv_head") return m.n_head;
+  if (key == "num_parameters") return m.family == "gpt2" ? nlohmann::json(m.NumParameters()) : nlohmann::json();
+  return nlohmann::json();
 }
 
 // The manifest's checksum of itself: of its compact dump (keys sorted)
@@ -312,10 +324,12 @@ Status ReadTrainState(const nlohmann::json& manifest, const models::ModelSpec& m
                              ", expected " + kFormat);
     nlohmann::json want = ModelJson(model);
     const auto& have = manifest.at("model");
-    for (auto it = want.begin(); it != want.end(); ++it)
-      if (have.at(it.key()) != it.value())
-        return InvalidArgument(mpath + ": the checkpoint's model." + it.key() + " is " + have.at(it.key()).dump() +
+    for (auto it = want.begin(); it != want.end(); ++it) {
+      const nlohmann::json got = have.contains(it.key()) ? have.at(it.key()) : ManifestModelDefault(it.key(), model);
+      if (got != it.value())
+        return InvalidArgument(mpath + ": the checkpoint's model." + it.key() + " is " + got.dump() +
                                " but the configured model has " + it.value().dump());
+    }
     state->step = manifest.at("step").get<int64_t>();
     state->data_position = manifest.at("data_position").get<uint64_t>();
     state->precision = manifest.value("precision", "");

@@ -20,6 +20,7 @@
 #include "engine/config_fields.h"
 #include "engine/config_json.h"
 #include "engine/config_reader.h"
+#include "models/family.h"
 
 namespace strata {
 
@@ -433,16 +434,72 @@ Status HeadsDivideWidth(Obj& o, ModelConfig* c, Ctx*) {
   return Status::OK();
 }
 
+// "num_key_value_heads" is Hugging Face's name of n_kv_head.
+Status ReadKvHeads(Obj& o, ModelConfig* c, Ctx*) {
+  int kv = c->n_kv_head;
+  RETURN_IF_ERROR(o.Int("num_key_value_heads", &kv, 0, 1 << 14));
+  if (!o.Has("num_key_value_heads")) return Status::OK();
+  if (o.Has("n_kv_head") && kv != c->n_kv_head)
+    return o.Error("num_key_value_heads", "differs from n_kv_head (its alias); keep one");
+  c->n_kv_head = kv;
+  return Status::OK();
+}
+
+Status ArchIsKnown(Obj& o, ModelConfig* c, Ctx*) {
+  if (o.Failed("arch")) return Status::OK();
+  Result<const models::Family*> f = models::FindFamily(c->arch);
+  if (!f.ok()) return o.Error("arch", std::string(f.status().message()));
+  if (std::string((*f)->name) != "gpt2" && c->intermediate_size < 1)
+    return o.Error("intermediate_size", "is required for the " + c->arch + " architecture");
+  if (c->n_kv_head > 0 && c->n_head % c->n_kv_head)
+    return o.Error("n_kv_head", std::to_string(c->n_kv_head) + " does not divide n_head (" + std::to_string(c->n_head) + ")");
+  return Status::OK();
+}
+
+Status RopeTypeAlias(Obj& o, RopeScalingConfig* c, Ctx*) {
+  std::string t = c->rope_type;
+  RETURN_IF_ERROR(o.Choice("type", &t, {"default", "linear", "llama3"}));
+  if (!o.Has("type")) return Status::OK();
+  if (o.Has("rope_type") && t != c->rope_type) return o.Error("type", "differs from rope_type (its newer name); keep one");
+  c->rope_type = t;
+  return Status::OK();
+}
+
+const Section<RopeScalingConfig>& RopeScalingSection() {
+  using C = RopeScalingConfig;
+  static const Section<C> s = {
+      {
+          OneOf("rope_type", &C::rope_type, {"default", "linear", "llama3"}),
+          Rule<C>(RopeTypeAlias),
+          Real("factor", &C::factor, 0, 1e6, kOpenBelow),
+          Real("low_freq_factor", &C::low_freq_factor, 0, 1e6, kOpenBelow),
+          Real("high_freq_factor", &C::high_freq_factor, 0, 1e6, kOpenBelow),
+          Int("original_max_position_embeddings", &C::original_max_position_embeddings, 1, 1 << 24),
+      },
+      {}};
+  return s;
+}
+
 const Section<ModelConfig>& ModelSection() {
   using C = ModelConfig;
   static const Section<C> s = {
       {
+          Text("arch", &C::arch),
           Int("n_layer", &C::n_layer, 1, 10000),
           Int("n_embd", &C::n_embd, 1, 1 << 20),
           Int("n_head", &C::n_head, 1, 1 << 14),
           Int("vocab_size", &C::vocab_size, 2, 1 << 24),
           Int("seq_len", &C::seq_len, 1, 1 << 20),
+          Int("n_kv_head", &C::n_kv_head, 0, 1 << 14),
+          Rule<C>(ReadKvHeads),
+          Int("intermediate_size", &C::intermediate_size, 0, 1 << 24),
+          Real("rms_norm_eps", &C::rms_norm_eps, 0, 1, kOpenBelow),
+          Real("rope_theta", &C::rope_theta, 0, 1e12, kOpenBelow),
+          Child("rope_scaling", &C::rope_scaling, RopeScalingSection),
+          Flag("tie_word_embeddings", &C::tie_word_embeddings),
+          Flag("attention_bias", &C::attention_bias),
           Rule<C>(HeadsDivideWidth),
+          Rule<C>(ArchIsKnown),
       },
       {}};
   return s;

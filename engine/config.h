@@ -146,12 +146,32 @@ struct AioConfig {
 };
 
 // strata's own section; the defaults are the built-in demo GPT (`make run`).
+// rope_scaling (Llama family): Hugging Face's fields.
+struct RopeScalingConfig {
+  std::string rope_type = "default";  // default | linear | llama3 ("type" is its older name)
+  double factor = 1;
+  double low_freq_factor = 1, high_freq_factor = 4;  // llama3
+  int64_t original_max_position_embeddings = 8192;   // llama3
+  bool operator==(const RopeScalingConfig&) const = default;
+};
+
+// The model: its architecture (a family of models/family.h, or a Hugging
+// Face class of one) and shape; the Llama family's fields under their HF names.
 struct ModelConfig {
   int n_layer = 4;
   int n_embd = 128;
   int n_head = 4;
   int vocab_size = 256;
   int seq_len = 128;
+  std::string arch = "gpt2";  // gpt2 | llama | GPT2LMHeadModel | LlamaForCausalLM | MistralForCausalLM | Qwen2ForCausalLM
+  // llama:
+  int n_kv_head = 0;              // num_key_value_heads; 0 = n_head
+  int intermediate_size = 0;      // required for llama
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  RopeScalingConfig rope_scaling;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;    // q/k/v biases: Qwen2ForCausalLM's (always), an error for other classes
   bool operator==(const ModelConfig&) const = default;
 };
 

@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "models/family.h"
+
 namespace strata {
 
 namespace {
@@ -29,27 +31,11 @@ Result<nlohmann::json> ReadJsonIn(const std::string& dir, const std::string& nam
 
 Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::string& source_dir,
                                     const std::string& torch_dtype) {
-  if (spec.family != "gpt2")
-    return Unavailable("no Hugging Face config.json for the model family '" + spec.family + "'");
-  ASSIGN_OR_RETURN(nlohmann::json c, ReadJsonIn(source_dir, "config.json"));
-  if (c.empty()) {
-    // GPT2Config's fields as strata trains the model: no dropout.
-    c = {{"activation_function", "gelu_new"}, {"attn_pdrop", 0.0},     {"embd_pdrop", 0.0},
-         {"resid_pdrop", 0.0},                {"initializer_range", 0.02}, {"n_inner", nullptr},
-         {"scale_attn_weights", true},        {"use_cache", true}};
-  }
-  c["architectures"] = {spec.hf_architecture};
-  c["model_type"] = "gpt2";
-  c["vocab_size"] = spec.vocab_size;
-  c["n_positions"] = spec.max_seq;
-  c["n_ctx"] = spec.max_seq;
-  c["n_embd"] = spec.d_model;
-  c["n_layer"] = spec.n_layer;
-  c["n_head"] = spec.n_head;
-  // The float's nearest short decimal (1e-05, not 9.999999747378752e-06).
-  c["layer_norm_epsilon"] = std::stod(std::to_string(spec.block.norm_eps * 1e6)) / 1e6;
-  c["tie_word_embeddings"] = spec.head.tied;
-  c["torch_dtype"] = torch_dtype;  // the dtype of the weights beside it
+  ASSIGN_OR_RETURN(nlohmann::json base, ReadJsonIn(source_dir, "config.json"));
+  // The family's own class and fields (models/family.h).
+  ASSIGN_OR_RETURN(nlohmann::json c, models::WriteHfConfig(spec, std::move(base)));
+  c["torch_dtype"] = torch_dtype;                     // the dtype of the weights beside it
+  if (c.contains("dtype")) c["dtype"] = torch_dtype;  // (transformers 5's name)
   // A token id the vocabulary no longer holds would break generation.
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() >= spec.vocab_size) c.erase(k);

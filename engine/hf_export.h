@@ -4,12 +4,14 @@
 // generation_config.json, and the tokenizer files of the model the run
 // started from.
 //
-//   config.json             GPT2LMHeadModel's (model_type gpt2) with the
-//                           trained shape; the source model's own
-//                           config.json is the base when it has one (its
-//                           token ids, dropouts, ...), the shape fields
-//                           replaced: n_positions is the run's seq_len, the
-//                           rows of the position table the weights hold
+//   config.json             the family's (models/family.h: GPT2LMHeadModel,
+//                           LlamaForCausalLM, MistralForCausalLM,
+//                           Qwen2ForCausalLM) with the trained shape; the
+//                           source model's own config.json is the base when
+//                           it has one (its token ids, dropouts, ...), the
+//                           shape fields replaced (GPT-2: n_positions is the
+//                           run's seq_len, the rows of the position table
+//                           the weights hold)
 //   generation_config.json  the source model's, else transformers'
 //                           GenerationConfig fields from the config
 //                           (bos/eos token ids when known, else omitted)

@@ -257,7 +257,10 @@ strata::Result<strata::Config> ConfigFrom(const TrainFlags& f) {
     c.train_batch_size = c.micro_batch * c.grad_accum * c.world_size;
     if (weights) {
       c.model = weights->model;
-      std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
+      if (weights->from_config_json)
+        std::cerr << "model: " << weights->model.arch << " of " << weights->n_head_from << "\n";
+      else
+        std::cerr << "model: the shape of " << f.init_from << " (heads from " << weights->n_head_from << ")\n";
     }
     return c;
   }

@@ -1,6 +1,7 @@
 #include "engine/model_config.h"
 
 #include <fstream>
+#include <optional>
 #include <set>
 
 #include <nlohmann/json.hpp>
@@ -8,19 +9,61 @@
 #include "engine/config_json.h"
 #include "engine/hf_export.h"
 #include "engine/hf_weights.h"
-#include "models/gpt2.h"
+#include "models/family.h"
 
 namespace strata {
 
+models::ModelDesc DescOf(const ModelConfig& m) {
+  models::ModelDesc d;
+  d.arch = m.arch;
+  d.n_layer = m.n_layer;
+  d.n_embd = m.n_embd;
+  d.n_head = m.n_head;
+  d.n_kv_head = m.n_kv_head;
+  d.intermediate_size = m.intermediate_size;
+  d.vocab_size = m.vocab_size;
+  d.seq_len = m.seq_len;
+  Result<const models::Family*> f = models::FindFamily(m.arch);
+  // GPT-2 keeps its LayerNorm epsilon (1e-5); the Llama family reads rms_norm_eps.
+  d.norm_eps = f.ok() && std::string((*f)->name) == "gpt2" ? 0 : m.rms_norm_eps;
+  d.rope.theta = static_cast<float>(m.rope_theta);
+  const RopeScalingConfig& r = m.rope_scaling;
+  d.rope.type = r.rope_type == "linear" ? kernels::RopeParams::kLinear
+                : r.rope_type == "llama3" ? kernels::RopeParams::kLlama3 : kernels::RopeParams::kDefault;
+  d.rope.factor = static_cast<float>(r.factor);
+  d.rope.low_freq_factor = static_cast<float>(r.low_freq_factor);
+  d.rope.high_freq_factor = static_cast<float>(r.high_freq_factor);
+  d.rope.original_max_positions = r.original_max_position_embeddings;
+  d.tie_word_embeddings = m.tie_word_embeddings;
+  d.attention_bias = m.attention_bias;
+  return d;
+}
+
+ModelConfig ConfigOf(const models::ModelDesc& d) {
+  ModelConfig m;
+  m.arch = d.hf_architecture.empty() ? d.arch : d.hf_architecture;
+  m.n_layer = static_cast<int>(d.n_layer);
+  m.n_embd = static_cast<int>(d.n_embd);
+  m.n_head = static_cast<int>(d.n_head);
+  m.n_kv_head = static_cast<int>(d.n_kv_head);
+  m.intermediate_size = static_cast<int>(d.intermediate_size);
+  m.vocab_size = static_cast<int>(d.vocab_size);
+  m.seq_len = static_cast<int>(d.seq_len);
+  if (d.norm_eps > 0) m.rms_norm_eps = d.norm_eps;
+  m.rope_theta = d.rope.theta;
+  m.rope_scaling.rope_type = d.rope.type == kernels::RopeParams::kLinear   ? "linear"
+                             : d.rope.type == kernels::RopeParams::kLlama3 ? "llama3" : "default";
+  m.rope_scaling.factor = d.rope.factor;
+  m.rope_scaling.low_freq_factor = d.rope.low_freq_factor;
+  m.rope_scaling.high_freq_factor = d.rope.high_freq_factor;
+  m.rope_scaling.original_max_position_embeddings = d.rope.original_max_positions;
+  m.tie_word_embeddings = d.tie_word_embeddings;
+  m.attention_bias = d.attention_bias;
+  return m;
+}
+
 Result<models::ModelSpec> ModelSpecFor(const Config& c) {
-  models::GptConfig g;
-  g.n_layer = c.model.n_layer;
-  g.n_embd = c.model.n_embd;
-  g.n_head = c.model.n_head;
-  g.vocab_size = c.model.vocab_size;
-  g.padded_vocab_size = 0;
-  g.seq_len = c.model.seq_len;
-  Result<models::ModelSpec> spec = models::Gpt2Spec(g);
+  Result<models::ModelSpec> spec = models::BuildModel(DescOf(c.model));
   if (!spec.ok()) return spec.status().WithContext(c.source + ": model");
   return spec;
 }
@@ -58,7 +101,39 @@ int HeadsFromConfigJson(const std::string& weights, std::string* from) {
 
 }  // namespace
 
+static Result<std::optional<WeightsModel>> ModelFromHfConfig(const std::string& init_from) {
+  const std::string dir = ModelSourceDir(init_from);
+  const std::string path = dir + "/config.json";
+  Result<std::string> text = ReadConfigText(path);
+  if (!text.ok()) return std::optional<WeightsModel>();
+  ASSIGN_OR_RETURN(nlohmann::json j, ParseConfigJson(*text, path));
+  if (!j.is_object()) return std::optional<WeightsModel>();
+  std::string arch;
+  if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+      j["architectures"][0].is_string())
+    arch = j["architectures"][0].get<std::string>();
+  else if (j.contains("model_type") && j["model_type"].is_string())
+    arch = j["model_type"].get<std::string>();
+  if (arch.empty()) return std::optional<WeightsModel>();
+  Result<const models::Family*> fam = models::FindFamily(arch);
+  if (!fam.ok()) return fam.status().WithContext(path + ": architectures");
+  // GPT-2's shape comes from its weights (below), the heads from this file.
+  if (std::string((*fam)->name) == "gpt2") return std::optional<WeightsModel>();
+  ASSIGN_OR_RETURN(models::ModelDesc d, models::ReadHfConfig(j, path));
+  WeightsModel w;
+  w.model = ConfigOf(d);
+  w.n_head_from = path;
+  w.from_config_json = true;
+  const std::string dt = j.value("torch_dtype", j.value("dtype", std::string("float32")));
+  w.dtype = dt == "bfloat16" ? "bf16" : dt == "float16" ? "fp16" : "fp32";
+  return std::optional<WeightsModel>(w);
+}
+
 Result<WeightsModel> ModelFromHfWeights(const std::string& path) {
+  // A config.json naming a family whose shape the weights alone do not give
+  // (every one but GPT-2) describes the model.
+  ASSIGN_OR_RETURN(std::optional<WeightsModel> from_config, ModelFromHfConfig(path));
+  if (from_config) return *from_config;
   ASSIGN_OR_RETURN(HfWeights f, HfWeights::Open(path));
   auto find = [&f](const std::string& name) -> const SafetensorsEntry* {
     const HfTensor* t = f.Find(name);

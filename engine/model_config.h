@@ -10,6 +10,7 @@
 #include "base/dtype.h"
 #include "base/status.h"
 #include "engine/config.h"
+#include "models/family.h"
 #include "models/model_spec.h"
 
 namespace strata {
@@ -26,12 +27,23 @@ Result<models::ModelSpec> ModelSpecFor(const Config& c);
 // as the heads change no shape and a guess would train another model), and
 // the weights' dtype ("bf16", "fp16", "fp32"). `n_head_from` says where the
 // heads came from. Errors name the file and the tensor.
+//
+// A config.json in the model's directory (of `path`, or `path` itself when
+// it is a directory) whose "architectures" names a family other than GPT-2
+// (models/family.h: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM)
+// gives the whole model instead, seq_len its max_position_embeddings; an
+// architecture no family has is an error naming it and the supported ones.
 struct WeightsModel {
   ModelConfig model;
   std::string dtype;
   std::string n_head_from;
+  bool from_config_json = false;  // the model is the config.json's
 };
 Result<WeightsModel> ModelFromHfWeights(const std::string& path);
+
+// The model strata's `model` section describes, family-neutral, and back.
+models::ModelDesc DescOf(const ModelConfig& m);
+ModelConfig ConfigOf(const models::ModelDesc& d);
 
 // bf16, fp16 or fp32: the parameters' and activations' dtype.
 DType ComputeDType(const Config& c);

@@ -1,4 +1,6 @@
-// The compute backend interface: every op the GPT model needs, implemented
+// The compute backend interface: every op the model families need (GPT-2's
+// LayerNorm/GELU/attention, Llama's RMSNorm/RoPE/SwiGLU/grouped-query
+// attention), implemented
 // twice — CUDA (kernels/cuda/, fast) and CPU (kernels/cpu/, the reference for
 // tests and the backend on machines without a GPU).
 //
@@ -32,6 +34,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "kernels/rope_params.h"
 
 namespace strata::kernels {
 
@@ -116,6 +119,30 @@ struct AttentionShape {
   DType dtype = DType::kBF16;
   // Softmax scale; 0 means 1/sqrt(head_dim).
   float scale = 0.f;
+  // Key/value heads (grouped-query attention): 0 means `heads`; else a
+  // divisor of `heads`, query head h reading key/value head h / (H / KV).
+  int64_t kv_heads = 0;
+  int64_t kv() const { return kv_heads > 0 ? kv_heads : heads; }
+  // Columns of a qkv row: (H + 2 KV) D.
+  int64_t qkv_width() const { return (heads + 2 * kv()) * head_dim; }
+};
+
+// RMSNorm (Llama): y = x * rstd * weight, rstd = 1 / sqrt(mean(x^2) + eps).
+struct RmsNormArgs {
+  int64_t rows = 0, cols = 0;  // N, C
+  DType dtype = DType::kBF16;  // of x, y, weight, dx
+  float eps = 1e-6f;
+};
+
+// Rotary position embedding over rows of `width` columns, B sequences of T
+// rows (row r is position r % T): the first `heads` groups of `head_dim`
+// columns are rotated (HF rotate_half: pair i is (i, i + D/2), angle
+// fp32(t * inv_freq[i]), kernels/rope_params.h); the other columns are copied.
+struct RopeArgs {
+  int64_t batch = 0, seq = 0, width = 0;
+  int64_t heads = 0, head_dim = 0;  // heads * head_dim <= width; head_dim even
+  DType dtype = DType::kBF16;
+  RopeParams rope;
 };
 
 // Attention of new query rows against a key/value cache (generation): each
@@ -175,6 +202,24 @@ class Backend {
                                    const void* x, const void* weight, const float* mean,
                                    const float* rstd) = 0;
 
+  // RMSNorm: y[N,C] = x * rstd * weight; rstd[N] (f32) saved (may be null).
+  virtual Status RmsNormForward(const RmsNormArgs& a, void* y, float* rstd, const void* x, const void* weight) = 0;
+  // dx[N,C] += d/dx (accumulates, as LayerNormBackward); dweight[C]
+  // (grad_dtype) overwritten, or accumulated into when `accumulate`.
+  virtual Status RmsNormBackward(const RmsNormArgs& a, void* dx, void* dweight, DType grad_dtype, bool accumulate,
+                                 const void* dy, const void* x, const void* weight, const float* rstd) = 0;
+
+  // RoPE: out[B*T, width] = rotate(in) (out may alias in).
+  virtual Status RopeForward(const RopeArgs& a, void* out, const void* in) = 0;
+  // The backward (the inverse rotation): dx = R^T dy (dx may alias dy).
+  virtual Status RopeBackward(const RopeArgs& a, void* dx, const void* dy) = 0;
+
+  // SwiGLU: in[rows, 2F] = gate | up, out[rows, F] = silu(gate) * up.
+  virtual Status SwiGluForward(void* out, const void* in, int64_t rows, int64_t f, DType dtype) = 0;
+  // din[rows, 2F] = (d gate | d up) of dout[rows, F] (din may alias in, not dout).
+  virtual Status SwiGluBackward(void* din, const void* dout, const void* in, int64_t rows, int64_t f,
+                                DType dtype) = 0;
+
   // tanh-GELU: y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
   virtual Status GeluForward(void* y, const void* x, int64_t n, DType dtype) = 0;
   // dx = dy * gelu'(x). dx may alias dy.
@@ -188,15 +233,16 @@ class Backend {
                               int64_t m, int64_t n, DType dtype) = 0;
 
   // Causal self-attention.
-  // qkv: [B, T, 3C] with q, k, v at column offsets 0, C, 2C; head h uses
-  //      columns h*D .. h*D+D-1 of each.
+  // qkv: [B, T, (H + 2 KV) D] with q, k, v at column offsets 0, C = H D,
+  //      C + KV D (3C columns without GQA); query head h uses columns
+  //      h*D .. h*D+D-1 of q, key/value head h / (H / KV) those of k and v.
   // out: [B, T, C] (heads concatenated); lse: [B, H, T] f32 log-sum-exp of
   //      each query row's scaled scores (saved for backward).
   // workspace: scratch of AttentionWorkspaceBytes() bytes (may be 0).
   virtual size_t AttentionWorkspaceBytes(const AttentionShape& s) const = 0;
   virtual Status AttentionForward(const AttentionShape& s, void* out, float* lse, const void* qkv,
                                   void* workspace) = 0;
-  // dqkv[B,T,3C] is overwritten.
+  // dqkv[B,T,(H + 2 KV) D] is overwritten (d k, d v summed over each group's query heads).
   virtual Status AttentionBackward(const AttentionShape& s, void* dqkv, const void* dout,
                                    const void* qkv, const void* out, const float* lse,
                                    void* workspace) = 0;
@@ -210,11 +256,13 @@ class Backend {
   virtual Status AttentionDecode(const DecodeAttentionShape& s, void* out, const void* qkv, void* k_cache,
                                  void* v_cache) = 0;
 
-  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]; tokens int32 in [0, V).
+  // out[B,T,C] = wte[tokens[b,t]] + wpe[t]; tokens int32 in [0, V). wpe may
+  // be null (no position table: Llama).
   virtual Status EmbeddingForward(void* out, const int32_t* tokens, const void* wte,
                                   const void* wpe, int64_t B, int64_t T, int64_t C,
                                   DType dtype) = 0;
-  // dwte[Vp,C] += scatter of dout rows by token; dwpe[T,C] += sum over batch.
+  // dwte[Vp,C] += scatter of dout rows by token; dwpe[T,C] += sum over batch
+  // (dwpe null: none).
   // Deterministic (fixed summation order). grad_dtype for dwte/dwpe.
   virtual Status EmbeddingBackward(void* dwte, void* dwpe, DType grad_dtype, const void* dout,
                                    const int32_t* tokens, int64_t B, int64_t T, int64_t C,

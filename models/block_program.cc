@@ -22,6 +22,9 @@ const char* OpName(OpKind k) {
     case OpKind::kLayerNorm: return "LayerNorm";
     case OpKind::kLinear: return "Linear";
     case OpKind::kAttention: return "Attention";
+    case OpKind::kRmsNorm: return "RMSNorm";
+    case OpKind::kRope: return "RoPE";
+    case OpKind::kSwiGlu: return "SwiGLU";
   }
   return "?";
 }
@@ -59,17 +62,65 @@ Result<BlockProgram> BlockProgram::Make(Backend* backend, const BlockSpec& spec,
   return p;
 }
 
+Status BlockProgram::CompileParts(const BlockSpec& spec, const BlockOp& op, Step* s) {
+  std::vector<std::string> weights{op.weight}, biases;
+  weights.insert(weights.end(), op.concat.begin(), op.concat.end());
+  if (!op.bias.empty()) {
+    biases.push_back(op.bias);
+    biases.insert(biases.end(), op.concat_bias.begin(), op.concat_bias.end());
+  } else if (!op.concat_bias.empty()) {
+    return InvalidArgument("concatenated biases without a first bias");
+  }
+  if (!biases.empty() && biases.size() != weights.size())
+    return InvalidArgument(std::to_string(weights.size()) + " weights but " + std::to_string(biases.size()) +
+                           " biases (all or none)");
+  bool adjacent = true;
+  int64_t n0 = 0, w_end = -1, b_end = -1;
+  std::vector<Part> parts;
+  for (size_t p = 0; p < weights.size(); ++p) {
+    const BlockParam* w = spec.Find(weights[p]);
+    if (!w || w->shape.size() != 2 || w->shape[1] != s->k)
+      return InvalidArgument("weight \"" + weights[p] + "\" is missing or not [n, " + std::to_string(s->k) + "]");
+    Part part{w->offset, -1, n0, w->shape[0]};
+    if (p > 0 && w->offset != w_end) adjacent = false;
+    w_end = w->offset + w->numel;
+    if (!biases.empty()) {
+      const BlockParam* b = spec.Find(biases[p]);
+      if (!b || b->shape != std::vector<int64_t>{part.n})
+        return InvalidArgument("bias \"" + biases[p] + "\" is missing or not [" + std::to_string(part.n) + "]");
+      part.bias = b->offset;
+      if (p > 0 && b->offset != b_end) adjacent = false;
+      b_end = b->offset + b->numel;
+    }
+    parts.push_back(part);
+    n0 += part.n;
+  }
+  if (!adjacent && !biases.empty())
+    return InvalidArgument("concatenated weights with biases must lie adjacent in the unit (weights and biases)");
+  s->transposed = true;
+  s->n = n0;
+  if (adjacent) parts = {Part{parts[0].weight, parts[0].bias, 0, n0}};
+  s->parts = std::move(parts);
+  s->weight = s->parts[0].weight;
+  s->bias = s->parts[0].bias;
+  return Status::OK();
+}
+
 Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSpec& spec, const BlockShape& shape,
                                            const Options& options, bool fused) {
   const int64_t C = shape.d_model, N = shape.batch * shape.seq;
-  if (C < 1 || shape.n_head < 1 || C % shape.n_head != 0 || N < 1)
+  if (C < 1 || shape.n_head < 1 || C % shape.n_head != 0 || N < 1 || shape.n_kv_head < 0 ||
+      shape.n_head % shape.kv() != 0)
     return InvalidArgument("BlockProgram: d_model " + std::to_string(C) + ", n_head " + std::to_string(shape.n_head) +
-                           ", batch x seq " + std::to_string(N) + " is not a block shape");
+                           ", n_kv_head " + std::to_string(shape.n_kv_head) + ", batch x seq " + std::to_string(N) +
+                           " is not a block shape");
+  const int64_t D = shape.head_dim(), KV = shape.kv(), qkv_width = (shape.n_head + 2 * KV) * D;
   if (!IsFloating(shape.dtype))
     return InvalidArgument("BlockProgram: dtype " + std::string(DTypeName(shape.dtype)) + " is not a float type");
   BlockProgram prog;
   prog.shape_ = shape;
   prog.eps_ = spec.norm_eps;
+  prog.rope_ = spec.rope;
   prog.fused_ = fused;
   prog.fused_dgelu_ = fused && options.fused_dgelu;
   const size_t es = DTypeSize(shape.dtype), sb = StatBytes(shape.dtype);
@@ -117,14 +168,21 @@ Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSp
       }
       case OpKind::kLinear: {
         s.k = acts[static_cast<size_t>(in)].width;
-        const BlockParam* w = spec.Find(op.weight);
-        if (!w || w->shape.size() != 2 || w->shape[0] != s.k)
-          return fail(i, "weight \"" + op.weight + "\" is missing or not [" + std::to_string(s.k) + ", n]");
-        s.n = w->shape[1];
-        s.weight = w->offset;
-        if (!op.bias.empty()) {
-          ASSIGN_OR_RETURN(s.bias, param(i, op.bias, {s.n}));
+        if (op.transposed) {
+          RETURN_IF_ERROR(CompileParts(spec, op, &s).WithContext(s.name));
+        } else {
+          if (!op.concat.empty()) return fail(i, "concatenated weights need the nn.Linear layout (transposed)");
+          const BlockParam* w = spec.Find(op.weight);
+          if (!w || w->shape.size() != 2 || w->shape[0] != s.k)
+            return fail(i, "weight \"" + op.weight + "\" is missing or not [" + std::to_string(s.k) + ", n]");
+          s.n = w->shape[1];
+          s.weight = w->offset;
+          if (!op.bias.empty()) {
+            ASSIGN_OR_RETURN(s.bias, param(i, op.bias, {s.n}));
+          }
         }
+        if (s.parts.size() > 1 && (!op.residual.empty() || op.gelu))
+          return fail(i, "a residual or GELU on weights that are not adjacent in the unit (not one GEMM)");
         s.gelu = op.gelu;
         acts[static_cast<size_t>(in)].readers.push_back(i);
         width = s.n;
@@ -137,13 +195,36 @@ Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSp
         break;
       }
       case OpKind::kAttention:
-        if (acts[static_cast<size_t>(in)].width != 3 * C) return fail(i, "attention's input is not [N, 3 d_model]");
+        if (acts[static_cast<size_t>(in)].width != qkv_width)
+          return fail(i, "attention's input is not [N, (n_head + 2 n_kv_head) head_dim]");
         if (acts[static_cast<size_t>(in)].consumers.size() > 1)
           return fail(i, "attention's input \"" + op.in + "\" has another consumer (not supported)");
         acts[static_cast<size_t>(in)].readers.push_back(i);
+        width = shape.n_head * D;
+        break;
+      case OpKind::kRmsNorm: {
+        if (acts[static_cast<size_t>(in)].width != C) return fail(i, "an RMSNorm over other than d_model columns");
+        ASSIGN_OR_RETURN(s.weight, param(i, op.weight, {C}));
+        acts[static_cast<size_t>(in)].readers.push_back(i);
         width = C;
         break;
+      }
+      case OpKind::kRope:
+        if (acts[static_cast<size_t>(in)].width != qkv_width || D % 2 != 0)
+          return fail(i, "RoPE's input is not [N, (n_head + 2 n_kv_head) head_dim] of an even head_dim");
+        s.rope_heads = static_cast<size_t>(shape.n_head + KV);
+        s.n = qkv_width;
+        width = qkv_width;
+        break;
+      case OpKind::kSwiGlu:
+        if (acts[static_cast<size_t>(in)].width % 2 != 0) return fail(i, "SwiGLU's input has an odd width");
+        acts[static_cast<size_t>(in)].readers.push_back(i);
+        width = acts[static_cast<size_t>(in)].width / 2;
+        s.k = width;
+        break;
     }
+    if ((op.kind == OpKind::kRope || op.kind == OpKind::kSwiGlu) && acts[static_cast<size_t>(in)].consumers.size() > 1)
+      return fail(i, "its input \"" + op.in + "\" has another consumer (not supported)");
     if (index.count(op.out)) return fail(i, "\"" + op.out + "\" is made twice (or is the input)");
     index[op.out] = static_cast<int>(acts.size());
     ActInfo a;
@@ -204,13 +285,14 @@ Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSp
       s.mean = slots[take(static_cast<size_t>(N) * sb, i, -1)].offset;
       s.rstd = slots[take(static_cast<size_t>(N) * sb, i, -1)].offset;
     }
+    if (op.kind == OpKind::kRmsNorm) s.rstd = slots[take(static_cast<size_t>(N) * sb, i, -1)].offset;
     if (op.kind == OpKind::kAttention) {
       s.lse = slots[take(static_cast<size_t>(N * shape.n_head) * sb, i, -1)].offset;
       have_attention = true;
     }
   }
   if (have_attention) {
-    const AttentionShape as{shape.batch, shape.seq, shape.n_head, C / shape.n_head, shape.dtype, 0.f};
+    const AttentionShape as{shape.batch, shape.seq, shape.n_head, D, shape.dtype, 0.f, shape.n_kv_head};
     int first = INT_MAX;
     for (int i = 0; i < n_ops; ++i)
       if (spec.ops[static_cast<size_t>(i)].kind == OpKind::kAttention) first = std::min(first, i);
@@ -269,7 +351,7 @@ Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSp
       case OpKind::kLinear: {
         const int p = acts[static_cast<size_t>(a)].producer;
         const bool fuse = prog.fused_dgelu_ && p >= 0 && spec.ops[static_cast<size_t>(p)].gelu &&
-                          acts[static_cast<size_t>(a)].consumers.size() == 1;
+                          acts[static_cast<size_t>(a)].consumers.size() == 1 && s.parts.size() <= 1;
         if (ga.kind != Loc::kNone) {
           s.d_in = ga, s.d_in_add = true;
         } else {
@@ -297,13 +379,26 @@ Result<BlockProgram> BlockProgram::Compile(const Backend& backend, const BlockSp
         }
         break;
       }
-      case OpKind::kLayerNorm: {
+      case OpKind::kLayerNorm:
+      case OpKind::kRmsNorm: {
         if (ga.kind != Loc::kNone) {
           s.d_in = ga, s.d_in_add = true;
         } else {
-          ASSIGN_OR_RETURN(ga, place(i, a, {s.d_out, s.in, Loc{Loc::kScratch, s.mean}, Loc{Loc::kScratch, s.rstd}}));
+          std::vector<Loc> busy{s.d_out, s.in, Loc{Loc::kScratch, s.rstd}};
+          if (op.kind == OpKind::kLayerNorm) busy.push_back(Loc{Loc::kScratch, s.mean});
+          ASSIGN_OR_RETURN(ga, place(i, a, busy));
           s.d_in = ga, s.d_in_zero = true;
         }
+        break;
+      }
+      case OpKind::kRope: {  // its input has no other consumer (checked above)
+        ASSIGN_OR_RETURN(ga, place(i, a, {s.d_out}));
+        s.d_in = ga;
+        break;
+      }
+      case OpKind::kSwiGlu: {
+        ASSIGN_OR_RETURN(ga, place(i, a, {s.d_out}));  // in place over its input when that is free
+        s.d_in = ga;
         break;
       }
       case OpKind::kAttention: {
@@ -353,10 +448,21 @@ Status BlockProgram::Run(const Step& s, const char* params, const void* x_in, vo
       return be.LayerNormForward(LayerNormArgs{N, C, dt, eps_}, out, reinterpret_cast<float*>(scratch + s.mean),
                                  reinterpret_cast<float*>(scratch + s.rstd), in, W(s.weight), W(s.bias));
     case OpKind::kAttention: {
-      const AttentionShape as{shape_.batch, shape_.seq, shape_.n_head, C / shape_.n_head, dt, 0.f};
+      const AttentionShape as{shape_.batch, shape_.seq, shape_.n_head, shape_.head_dim(), dt, 0.f, shape_.n_kv_head};
       return be.AttentionForward(as, out, reinterpret_cast<float*>(scratch + s.lse), in, scratch + attention_ws_);
     }
+    case OpKind::kRmsNorm:
+      return be.RmsNormForward(kernels::RmsNormArgs{N, C, dt, eps_}, out, reinterpret_cast<float*>(scratch + s.rstd),
+                               in, W(s.weight));
+    case OpKind::kRope:
+      return be.RopeForward(RopeOf(s), out, in);
+    case OpKind::kSwiGlu:
+      return be.SwiGluForward(out, in, N, s.k, dt);
     case OpKind::kLinear: {
+      if (s.transposed) {
+        const void* r = s.residual.kind != Loc::kNone ? Ptr(s.residual, x_in, x_out, nullptr, scratch) : nullptr;
+        return RunLinear(s, params, in, out, r, scratch, keep_pre);
+      }
       GemmArgs g;
       g.ab_dtype = g.c_dtype = dt;
       g.m = N, g.n = s.n, g.k = s.k;
@@ -379,6 +485,81 @@ Status BlockProgram::Run(const Step& s, const char* params, const void* x_in, vo
     }
   }
   return Internal("BlockProgram: unknown op");
+}
+
+kernels::RopeArgs BlockProgram::RopeOf(const Step& s) const {
+  return kernels::RopeArgs{shape_.batch, shape_.seq, s.n, static_cast<int64_t>(s.rope_heads), shape_.head_dim(),
+                           shape_.dtype, rope_};
+}
+
+// out[:, n0:n0+n] = in @ W_p^T (+ b_p) per part (+ residual, then GELU: one part).
+Status BlockProgram::RunLinear(const Step& s, const char* params, void* in, void* out, const void* residual,
+                               char* scratch, bool keep_pre) const {
+  Backend& be = *backend_;
+  const int64_t N = shape_.batch * shape_.seq;
+  const DType dt = shape_.dtype;
+  const size_t es = DTypeSize(dt);
+  for (const Part& p : s.parts) {
+    GemmArgs g;
+    g.ab_dtype = g.c_dtype = dt;
+    g.trans_b = true;
+    g.m = N, g.n = p.n, g.k = s.k;
+    g.a = in, g.lda = s.k;
+    g.b = params + p.weight * static_cast<int64_t>(es), g.ldb = s.k;
+    g.c = static_cast<char*>(out) + p.n0 * static_cast<int64_t>(es), g.ldc = s.n;
+    if (p.bias >= 0) g.bias = params + p.bias * static_cast<int64_t>(es);
+    if (residual) {
+      if (fused_) g.c_in = residual;
+      else RETURN_IF_ERROR(be.CopyDeviceToDevice(out, residual, static_cast<size_t>(N * s.n) * es));
+      g.beta = 1.f;
+    }
+    if (s.gelu) {
+      g.gelu = true;
+      if (keep_pre) g.gelu_aux = scratch + s.pre;
+    }
+    RETURN_IF_ERROR(be.Gemm(g));
+  }
+  return Status::OK();
+}
+
+// A transposed Linear's backward after the GELU's: per part dW_p (+)= dout_p^T
+// @ in [n, k] and the bias gradient; then d_in (+)= sum_p dout_p @ W_p.
+Status BlockProgram::LinearBackward(const Step& s, const char* params, void* in, void* dout, void* d_in, char* grads,
+                                    DType gd, bool accumulate, char* scratch) const {
+  Backend& be = *backend_;
+  const int64_t N = shape_.batch * shape_.seq;
+  const DType dt = shape_.dtype;
+  const int64_t es = static_cast<int64_t>(DTypeSize(dt)), gs = static_cast<int64_t>(DTypeSize(gd));
+  for (const Part& p : s.parts) {
+    char* dp = static_cast<char*>(dout) + p.n0 * es;
+    GemmArgs w;
+    w.trans_a = true;
+    w.m = p.n, w.n = s.k, w.k = N;
+    w.a = dp, w.lda = s.n, w.b = in, w.ldb = s.k;
+    w.c = grads + p.weight * gs, w.ldc = s.k;
+    w.ab_dtype = dt, w.c_dtype = gd, w.beta = accumulate ? 1.f : 0.f;
+    RETURN_IF_ERROR(be.Gemm(w));
+    // Biases come only with one part (adjacent), whose columns are all of dout's.
+    if (p.bias >= 0 && !(s.gelu && s.gelu_done_by_consumer))
+      RETURN_IF_ERROR(be.BiasBackward(grads + p.bias * gs, gd, accumulate, dout, N, s.n, dt));
+  }
+  if (!d_in) return Status::OK();
+  for (size_t i = 0; i < s.parts.size(); ++i) {
+    const Part& p = s.parts[i];
+    GemmArgs g;
+    g.m = N, g.n = s.k, g.k = p.n;
+    g.a = static_cast<char*>(dout) + p.n0 * es, g.lda = s.n;
+    g.b = params + p.weight * es, g.ldb = s.k;
+    g.c = d_in, g.ldc = s.k;
+    g.ab_dtype = g.c_dtype = dt;
+    if (s.d_in_add || i > 0) g.beta = 1.f;
+    if (s.dgelu_epilogue) {
+      g.dgelu = true, g.gelu_aux = scratch + s.dgelu_pre;
+      g.bias_grad = grads + s.dgelu_bias * gs, g.bias_grad_dtype = gd, g.bias_grad_accumulate = accumulate;
+    }
+    RETURN_IF_ERROR(be.Gemm(g));
+  }
+  return Status::OK();
 }
 
 Status BlockProgram::Forward(const void* params, const void* x_in, void* x_out, void* scratch, size_t scratch_bytes,
@@ -408,14 +589,28 @@ Status BlockProgram::RunBackward(const Step& s, const char* params, const void* 
                                   dout, P(s.in), W(s.weight), reinterpret_cast<const float*>(scratch + s.mean),
                                   reinterpret_cast<const float*>(scratch + s.rstd));
     case OpKind::kAttention: {
-      const AttentionShape as{shape_.batch, shape_.seq, shape_.n_head, C / shape_.n_head, dt, 0.f};
+      const AttentionShape as{shape_.batch, shape_.seq, shape_.n_head, shape_.head_dim(), dt, 0.f, shape_.n_kv_head};
       return be.AttentionBackward(as, P(s.d_in), dout, P(s.in), P(s.out), reinterpret_cast<const float*>(scratch + s.lse),
                                   scratch + attention_ws_);
     }
+    case OpKind::kRmsNorm:
+      if (s.d_in_zero) RETURN_IF_ERROR(be.Memset(P(s.d_in), 0, static_cast<size_t>(N * C) * es));
+      return be.RmsNormBackward(kernels::RmsNormArgs{N, C, dt, eps_}, P(s.d_in), G(s.weight), gd, accumulate, dout,
+                                P(s.in), W(s.weight), reinterpret_cast<const float*>(scratch + s.rstd));
+    case OpKind::kRope:
+      return be.RopeBackward(RopeOf(s), P(s.d_in), dout);
+    case OpKind::kSwiGlu:
+      return be.SwiGluBackward(P(s.d_in), dout, P(s.in), N, s.k, dt);
     case OpKind::kLinear: {
       if (s.gelu && !s.gelu_done_by_consumer) {
         // d pre = d h * gelu'(pre), in place; then the bias gradient.
         RETURN_IF_ERROR(be.GeluBackward(dout, scratch + s.pre, dout, N * s.n, dt));
+      }
+      if (s.transposed) {
+        RETURN_IF_ERROR(LinearBackward(s, params, P(s.in), dout, s.d_in.kind != Loc::kNone ? P(s.d_in) : nullptr, grads,
+                                       gd, accumulate, scratch));
+        if (s.d_residual_add) return be.Add(P(s.d_residual), P(s.d_residual), dout, N * s.n, dt);
+        return Status::OK();
       }
       // Weight gradient dW (+)= in^T @ d, [k, n].
       GemmArgs w;

@@ -4,7 +4,8 @@
 //
 // Make() compiles the spec once:
 // - the scratch layout: every activation an op makes, the statistics its
-//   backward needs (LayerNorm mean/rstd, attention log-sum-exp), the GELU
+//   backward needs (LayerNorm mean/rstd, RMSNorm rstd, attention
+//   log-sum-exp), the GELU
 //   pre-activations and the attention workspace, one 256-byte aligned slot
 //   each, in op order;
 // - the backward: ops in reverse, each the backward of its forward (GELU
@@ -59,6 +60,9 @@ struct BlockShape {
   int64_t d_model = 0, n_head = 0;  // C, H
   int64_t batch = 0, seq = 0;       // B, T
   DType dtype = DType::kF32;
+  int64_t n_kv_head = 0;            // KV (grouped-query attention); 0 = n_head
+  int64_t kv() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  int64_t head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
 };
 
 class BlockProgram {
@@ -104,6 +108,13 @@ class BlockProgram {
     } kind = kNone;
     size_t offset = 0;
   };
+  // One GEMM's share of a Linear op: output columns [n0, n0 + n) from the
+  // weight at `weight` (and bias), all parts of the op in one GEMM when their
+  // weights (and biases) are adjacent.
+  struct Part {
+    int64_t weight = -1, bias = -1;  // parameter offsets (elements); bias -1: none
+    int64_t n0 = 0, n = 0;
+  };
   // One op, compiled: its forward operands and the placement of its backward.
   struct Step {
     OpKind kind = OpKind::kLinear;
@@ -113,8 +124,11 @@ class BlockProgram {
     int64_t k = 0, n = 0;           // kLinear: in [N, k] @ W [k, n]
     int64_t weight = -1, bias = -1;  // parameter offsets (elements); -1: none
     bool gelu = false;
+    bool transposed = false;        // kLinear: weights [n, k]
+    std::vector<Part> parts;        // kLinear, transposed: one per GEMM
+    size_t rope_heads = 0;          // kRope: heads rotated (H + KV)
     size_t pre = 0;                 // the GELU pre-activation's slot
-    size_t mean = 0, rstd = 0;      // kLayerNorm: statistics
+    size_t mean = 0, rstd = 0;      // kLayerNorm: statistics (kRmsNorm: rstd)
     size_t lse = 0;                 // kAttention: log-sum-exp
     // Backward.
     Loc d_out;                      // the gradient of `out`
@@ -133,11 +147,19 @@ class BlockProgram {
     bool gelu_done_by_consumer = false;
   };
 
+  // A transposed Linear's weights (and biases) into s->parts, s->n; one part
+  // when they are adjacent in the unit.
+  static Status CompileParts(const BlockSpec& spec, const BlockOp& op, Step* s);
   static Result<BlockProgram> Compile(const kernels::Backend& backend, const BlockSpec& spec,
                                       const BlockShape& shape, const Options& options, bool fused);
   void* Ptr(const Loc& l, const void* x_in, void* x_out, void* d_in, char* scratch) const;
   Status Run(const Step& s, const char* params, const void* x_in, void* x_out, char* scratch,
              bool keep_pre) const;
+  kernels::RopeArgs RopeOf(const Step& s) const;
+  Status RunLinear(const Step& s, const char* params, void* in, void* out, const void* residual, char* scratch,
+                   bool keep_pre) const;
+  Status LinearBackward(const Step& s, const char* params, void* in, void* dout, void* d_in, char* grads, DType gd,
+                        bool accumulate, char* scratch) const;
   Status RunBackward(const Step& s, const char* params, const void* x_in, void* d_in, char* grads, DType gd,
                      bool accumulate, char* scratch) const;
   Status CheckScratch(const char* op, const void* scratch, size_t bytes) const;
@@ -145,6 +167,7 @@ class BlockProgram {
   kernels::Backend* backend_ = nullptr;
   BlockShape shape_;
   float eps_ = 1e-5f;
+  kernels::RopeParams rope_;
   bool fused_ = false, fused_dgelu_ = false;
   size_t scratch_bytes_ = 0;
   size_t attention_ws_ = 0;  // the attention workspace's slot

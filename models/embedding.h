@@ -19,16 +19,18 @@ class EmbeddingProgram {
   EmbeddingProgram() = default;
   EmbeddingProgram(kernels::Backend* backend, const ModelSpec& spec, int64_t batch, int64_t seq, DType dtype);
 
-  // x[B,T,C] = wte[tokens] + wpe[0..T). tokens int32 [B,T] in [0, V).
+  // x[B,T,C] = wte[tokens] (+ wpe[0..T)). tokens int32 [B,T] in [0, V).
   Status Forward(const void* params, const int32_t* tokens, void* x) const;
-  // d wte += scatter of dx by token (always added: the tied head writes d wte
-  // first in the same backward pass); d wpe overwritten (rows 0..max_seq) or
-  // added to when `accumulate`.
+  // d wte += scatter of dx by token (tied: always added, the head writes d wte
+  // first in the same backward pass; untied: overwritten unless
+  // `accumulate`); d wpe (when there is a position table) overwritten (rows
+  // 0..max_seq) or added to when `accumulate`.
   Status Backward(void* grads, DType grad_dtype, bool accumulate, const int32_t* tokens, const void* dx) const;
 
  private:
   kernels::Backend* backend_ = nullptr;
   EmbeddingSpec spec_;
+  bool tied_ = true;
   int64_t C_ = 0, Vp_ = 0, max_seq_ = 0, B_ = 0, T_ = 0;
   DType dtype_ = DType::kF32;
 };

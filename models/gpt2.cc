@@ -3,6 +3,9 @@
 #include <cmath>
 #include <string>
 
+#include "models/family.h"
+#include "models/hf_config_fields.h"
+
 namespace strata::models {
 
 namespace {
@@ -57,7 +60,7 @@ BlockSpec GptBlock(const GptConfig& c) {
   param("mlp.c_proj.bias", {C}, kZeros);
   auto op = [&](OpKind kind, const char* in, const char* out, const char* weight = "", const char* bias = "",
                 const char* residual = "", bool gelu = false) {
-    b.ops.push_back(BlockOp{kind, in, out, weight, bias, residual, gelu});
+    b.ops.push_back(BlockOp{kind, in, out, weight, bias, residual, gelu, false, {}, {}});
   };
   op(OpKind::kLayerNorm, "x", "ln1", "ln_1.weight", "ln_1.bias");
   op(OpKind::kLinear, "ln1", "qkv", "attn.c_attn.weight", "attn.c_attn.bias");
@@ -147,6 +150,55 @@ Result<ModelSpec> Gpt2Spec(const GptConfig& c) {
   add("transformer.ln_f.weight", f, m.head.norm_weight_offset, {C}, kOnes);
   add("transformer.ln_f.bias", f, m.head.norm_bias_offset, {C}, kZeros);
   return m;
+}
+
+// ---- the registry's entries ----------------------------------------------------
+
+Result<ModelSpec> Gpt2FromDesc(const ModelDesc& d) {
+  if (d.n_kv_head != 0 && d.n_kv_head != d.n_head)
+    return InvalidArgument("gpt2: n_kv_head = " + Str(d.n_kv_head) + " (GPT-2 has no grouped-query attention)");
+  GptConfig g;
+  g.n_layer = d.n_layer;
+  g.n_embd = d.n_embd;
+  g.n_head = d.n_head;
+  g.vocab_size = d.vocab_size;
+  g.seq_len = d.seq_len;
+  if (d.norm_eps > 0) g.ln_eps = static_cast<float>(d.norm_eps);
+  return Gpt2Spec(g);
+}
+
+Result<ModelDesc> Gpt2ReadHfConfig(const nlohmann::json& j, const std::string& path) {
+  HfFields f(j, path);
+  ModelDesc d;
+  d.arch = "gpt2";
+  ASSIGN_OR_RETURN(d.n_layer, f.Int("n_layer", -1));
+  ASSIGN_OR_RETURN(d.n_embd, f.Int("n_embd", -1));
+  ASSIGN_OR_RETURN(d.n_head, f.Int("n_head", -1));
+  ASSIGN_OR_RETURN(d.vocab_size, f.Int("vocab_size", -1));
+  ASSIGN_OR_RETURN(d.seq_len, f.Int("n_positions", 1024));
+  ASSIGN_OR_RETURN(d.norm_eps, f.Real("layer_norm_epsilon", 1e-5));
+  d.tie_word_embeddings = true;
+  return d;
+}
+
+Result<nlohmann::json> Gpt2WriteHfConfig(const ModelSpec& spec, nlohmann::json c) {
+  if (c.empty()) {
+    // GPT2Config's fields as strata trains the model: no dropout.
+    c = {{"activation_function", "gelu_new"}, {"attn_pdrop", 0.0},     {"embd_pdrop", 0.0},
+         {"resid_pdrop", 0.0},                {"initializer_range", 0.02}, {"n_inner", nullptr},
+         {"scale_attn_weights", true},        {"use_cache", true}};
+  }
+  c["architectures"] = {spec.hf_architecture};
+  c["model_type"] = "gpt2";
+  c["vocab_size"] = spec.vocab_size;
+  c["n_positions"] = spec.max_seq;
+  c["n_ctx"] = spec.max_seq;
+  c["n_embd"] = spec.d_model;
+  c["n_layer"] = spec.n_layer;
+  c["n_head"] = spec.n_head;
+  c["layer_norm_epsilon"] = ShortDecimal(spec.block.norm_eps);
+  c["tie_word_embeddings"] = spec.head.tied;
+  return c;
 }
 
 }  // namespace strata::models

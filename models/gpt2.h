@@ -19,6 +19,9 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+
+#include <nlohmann/json.hpp>
 
 #include "base/status.h"
 #include "models/model_spec.h"
@@ -45,5 +48,15 @@ struct GptConfig {
 
 // The GPT-2 model of `config` (Validate()d first).
 Result<ModelSpec> Gpt2Spec(const GptConfig& config);
+
+// The family's registry entries (models/family.h): the spec of a
+// description (n_layer, n_embd, n_head, vocab_size, seq_len, norm_eps as
+// layer_norm_epsilon; the head is always tied), GPT2Config's config.json
+// (n_layer, n_embd, n_head, vocab_size, n_positions, layer_norm_epsilon) and
+// back (no dropout; n_positions the run's seq_len).
+struct ModelDesc;
+Result<ModelSpec> Gpt2FromDesc(const ModelDesc& desc);
+Result<ModelDesc> Gpt2ReadHfConfig(const nlohmann::json& config, const std::string& path);
+Result<nlohmann::json> Gpt2WriteHfConfig(const ModelSpec& spec, nlohmann::json base);
 
 }  // namespace strata::models

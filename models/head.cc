@@ -79,7 +79,7 @@ Result<HeadProgram::Frame> HeadProgram::Prepare(const HeadArgs& a, bool backward
   if (backward) {
     if (!a.dx) return null("dx");
     if (!a.final_grads) return null("final_grads");
-    if (!a.embedding_grads) return null("embedding_grads");
+    if (!a.embedding_grads && spec_.tied) return null("embedding_grads");
     if (!IsFloating(a.grad_dtype))
       return InvalidArgument(std::string(op) + ": grad_dtype " + std::string(DTypeName(a.grad_dtype)) +
                              " is not a float type");
@@ -96,13 +96,17 @@ Result<HeadProgram::Frame> HeadProgram::Prepare(const HeadArgs& a, bool backward
   f.mean = reinterpret_cast<float*>(s + p.mean);
   f.rstd = reinterpret_cast<float*>(s + p.rstd);
   f.logits = s + p.logits;
-  f.wte = static_cast<const char*>(a.embedding_params) + token_offset_ * static_cast<int64_t>(DTypeSize(dtype_));
+  f.wte = spec_.tied ? static_cast<const char*>(a.embedding_params) + token_offset_ * static_cast<int64_t>(DTypeSize(dtype_))
+                     : static_cast<const char*>(a.final_params) + spec_.lm_head_offset * static_cast<int64_t>(DTypeSize(dtype_));
   return f;
 }
 
 Status HeadProgram::NormForward(const HeadArgs& a, const Frame& f) const {
   const int64_t es = static_cast<int64_t>(DTypeSize(dtype_));
   const char* fin = static_cast<const char*>(a.final_params);
+  if (spec_.norm == HeadSpec::Norm::kRmsNorm)
+    return backend_->RmsNormForward(kernels::RmsNormArgs{B_ * T_, C_, dtype_, spec_.norm_eps}, f.norm, f.rstd, a.x,
+                                    fin + spec_.norm_weight_offset * es);
   return backend_->LayerNormForward(LayerNormArgs{B_ * T_, C_, dtype_, spec_.norm_eps}, f.norm, f.mean, f.rstd, a.x,
                                     fin + spec_.norm_weight_offset * es, fin + spec_.norm_bias_offset * es);
 }
@@ -122,8 +126,9 @@ Status HeadProgram::ForwardBackward(const HeadArgs& a) const {
   const int64_t N = B_ * T_, C = C_;
   const size_t es = DTypeSize(dtype_), gs = DTypeSize(a.grad_dtype), sb = StatBytes(dtype_);
   const char* fin = static_cast<const char*>(a.final_params);
-  char* dwte = static_cast<char*>(a.embedding_grads) + token_offset_ * static_cast<int64_t>(gs);
   char* dfin = static_cast<char*>(a.final_grads);
+  char* dwte = spec_.tied ? static_cast<char*>(a.embedding_grads) + token_offset_ * static_cast<int64_t>(gs)
+                          : dfin + spec_.lm_head_offset * static_cast<int64_t>(gs);
   const int64_t w = spec_.norm_weight_offset, b = spec_.norm_bias_offset;
 
   RETURN_IF_ERROR(NormForward(a, f));
@@ -152,6 +157,10 @@ Status HeadProgram::ForwardBackward(const HeadArgs& a) const {
   }
   // d x = the final norm's backward (dx is overwritten: zero, then accumulated into)
   RETURN_IF_ERROR(be.Memset(a.dx, 0, static_cast<size_t>(N * C) * es));
+  if (spec_.norm == HeadSpec::Norm::kRmsNorm)
+    return be.RmsNormBackward(kernels::RmsNormArgs{N, C, dtype_, spec_.norm_eps}, a.dx,
+                              dfin + w * static_cast<int64_t>(gs), a.grad_dtype, a.accumulate, f.norm, a.x,
+                              fin + w * static_cast<int64_t>(es), f.rstd);
   return be.LayerNormBackward(LayerNormArgs{N, C, dtype_, spec_.norm_eps}, a.dx, dfin + w * static_cast<int64_t>(gs),
                               dfin + b * static_cast<int64_t>(gs), a.grad_dtype, a.accumulate, f.norm, a.x,
                               fin + w * static_cast<int64_t>(es), f.mean, f.rstd);

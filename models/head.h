@@ -1,5 +1,6 @@
 // The head's forward and backward (HeadSpec, models/model_spec.h): the final
-// norm, logits = norm(x) @ wte^T chunk by chunk of token rows (the [B*T, Vp]
+// norm (LayerNorm or RMSNorm), logits = norm(x) @ W^T (W: wte when tied, else
+// the final unit's LM head) chunk by chunk of token rows (the [B*T, Vp]
 // logits never exist at once unless one chunk covers them), the fused
 // softmax cross-entropy, and the backward of all three.
 //
@@ -31,7 +32,7 @@ struct HeadArgs {
   float dloss = 1.f;                 // d loss / d losses[i], the same for every position
   void* dx = nullptr;                // [B,T,C] overwritten with d loss / d x
   void* final_grads = nullptr;       // the final unit's layout, grad_dtype
-  void* embedding_grads = nullptr;   // the embedding unit's layout, grad_dtype: only wte is written
+  void* embedding_grads = nullptr;   // the embedding unit's layout, grad_dtype: only wte is written (tied only)
   DType grad_dtype = DType::kF32;
   bool accumulate = false;  // add to the final norm's and wte's gradients instead of overwriting
   int64_t chunk_rows = 0;   // token rows per logits chunk; 0 = DefaultChunkRows

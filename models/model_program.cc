@@ -14,15 +14,13 @@ Status CheckShape(const ModelSpec& spec, int64_t batch, int64_t seq, DType dtype
     return InvalidArgument("model: seq = " + Str(seq) + " must be in [1, seq_len = " + Str(spec.max_seq) + "]");
   if (!IsFloating(dtype))
     return InvalidArgument("model: dtype " + std::string(DTypeName(dtype)) + " is not a float type");
-  if (spec.embedding.position_offset < 0 || !spec.head.tied)
-    return InvalidArgument("model: the " + spec.family +
-                           " model has an embedding without a position table or an untied LM head, which the "
-                           "executors do not run yet");
+  if (!spec.head.tied && spec.head.lm_head_offset < 0)
+    return InvalidArgument("model: the " + spec.family + " model's head is untied but has no LM head");
   return Status::OK();
 }
 
 BlockShape ShapeOf(const ModelSpec& spec, int64_t batch, int64_t seq, DType dtype) {
-  return BlockShape{spec.d_model, spec.n_head, batch, seq, dtype};
+  return BlockShape{spec.d_model, spec.n_head, batch, seq, dtype, spec.n_kv_head};
 }
 
 }  // namespace

@@ -12,8 +12,10 @@
 // moments): unit 0 is the embedding, units 1..n_layer the blocks, the last
 // unit the final norm (and, untied, the LM head). Every parameter starts at a
 // multiple of kSliceAlign elements of its unit's buffer (128 bytes in
-// f16/bf16), so layouts do not depend on the dtype; the padding between
-// parameters is zero (never written; it counts in norms, as zeros).
+// f16/bf16), so layouts do not depend on the dtype, except the members of a
+// group a family lays out back to back to run as one GEMM (Llama's q | k | v
+// and gate | up: the group starts there); the padding between parameters is
+// zero (never written; it counts in norms, as zeros).
 //
 // Thread-safety: a ModelSpec is a value; const access from any thread.
 #pragma once
@@ -23,6 +25,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "kernels/rope_params.h"
 
 namespace strata::models {
 
@@ -68,10 +71,23 @@ enum class OpKind : uint8_t {
   kLayerNorm,
   // out[N, n] = in[N, k] @ weight[k, n] (+ bias[n]) (+ residual[N, n]),
   // then tanh-GELU when `gelu` (its pre-activation kept for the backward).
+  // `transposed`: the weight is in nn.Linear's layout [n, k] (out = in @
+  // weight^T), and `concat` may name further weights [n_i, k] (and
+  // `concat_bias` their biases) whose outputs follow the first's columns:
+  // q | k | v, gate | up. Weights adjacent in the unit's buffer (and their
+  // biases) run as one GEMM.
   kLinear,
-  // out[N, C] = causal self-attention of in = qkv[N, 3C] (q | k | v columns,
-  // n_head heads of d_model / n_head; log-sum-exp kept for the backward).
+  // out[N, H D] = causal self-attention of in = qkv[N, (H + 2 KV) D] (q | k | v
+  // columns; n_head query heads of head_dim, n_kv_head key/value heads, each
+  // read by n_head / n_kv_head query heads; log-sum-exp kept for the backward).
   kAttention,
+  // out[N, C] = RMSNorm(in) * weight (rstd kept for the backward; norm_eps).
+  kRmsNorm,
+  // out = in with rotary position embeddings applied to its first
+  // n_head + n_kv_head heads (q and k of a qkv row; BlockSpec::rope).
+  kRope,
+  // out[N, F] = silu(in[:, :F]) * in[:, F:] (in = gate | up, [N, 2F]).
+  kSwiGlu,
 };
 
 struct BlockOp {
@@ -80,6 +96,8 @@ struct BlockOp {
   std::string weight, bias;  // parameters; bias "" = none
   std::string residual;      // kLinear: an activation added to the result ("" = none)
   bool gelu = false;         // kLinear
+  bool transposed = false;   // kLinear: weights [n, k] (nn.Linear), not [k, n] (Conv1D)
+  std::vector<std::string> concat, concat_bias;  // kLinear, transposed: further weights (biases: all or none)
 };
 
 // A parameter of every block (offsets are the same in each block's unit).
@@ -94,7 +112,8 @@ struct BlockParam {
 struct BlockSpec {
   std::vector<BlockParam> params;
   std::vector<BlockOp> ops;
-  float norm_eps = 1e-5f;
+  float norm_eps = 1e-5f;       // LayerNorm and RMSNorm
+  kernels::RopeParams rope;     // kRope
   const BlockParam* Find(const std::string& name) const;
 };
 
@@ -106,22 +125,26 @@ struct EmbeddingSpec {
 };
 
 // The head: the final norm (its weight and bias in the final unit), the LM
-// head (tied: the embedding's token table), softmax cross-entropy.
+// head (tied: the embedding's token table; untied: a [Vp, C] table in the
+// final unit, rows >= vocab_size padding), softmax cross-entropy.
 struct HeadSpec {
+  enum class Norm : uint8_t { kLayerNorm, kRmsNorm } norm = Norm::kLayerNorm;
   int64_t norm_weight_offset = 0;
-  int64_t norm_bias_offset = 0;
+  int64_t norm_bias_offset = 0;  // kLayerNorm
   float norm_eps = 1e-5f;
   bool tied = true;
+  int64_t lm_head_offset = -1;  // untied: the LM head in the final unit
 };
 
 struct ModelSpec {
-  std::string family;           // "gpt2"
-  std::string hf_architecture;  // "GPT2LMHeadModel"
+  std::string family;           // "gpt2", "llama" (models/family.h)
+  std::string hf_architecture;  // "GPT2LMHeadModel", "LlamaForCausalLM", ...
   // Names in files may lack this prefix (GPT2Model's own files): "transformer.".
   std::string hf_base_prefix;
   int64_t n_layer = 0;
   int64_t d_model = 0;     // C
   int64_t n_head = 0;
+  int64_t n_kv_head = 0;   // key/value heads (grouped-query attention); 0 = n_head
   int64_t vocab_size = 0;  // V: real tokens
   int64_t padded_vocab = 0;  // Vp: the token table's rows (a multiple of 128, >= V)
   int64_t max_seq = 0;     // the longest sequence (rows of the position table)
@@ -132,6 +155,7 @@ struct ModelSpec {
   HeadSpec head;
 
   int64_t head_dim() const { return n_head > 0 ? d_model / n_head : 0; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   int num_units() const { return static_cast<int>(units.size()); }
   int final_unit() const { return num_units() - 1; }
   static int block_unit(int64_t layer) { return static_cast<int>(layer) + 1; }

@@ -52,6 +52,14 @@ class CpuBackend final : public Backend {
   Status LayerNormBackward(const LayerNormArgs& a, void* dx, void* dweight, void* dbias,
                            DType grad_dtype, bool accumulate, const void* dy, const void* x,
                            const void* weight, const float* mean, const float* rstd) override;
+  Status RmsNormForward(const RmsNormArgs& a, void* y, float* rstd, const void* x, const void* weight) override;
+  Status RmsNormBackward(const RmsNormArgs& a, void* dx, void* dweight, DType grad_dtype, bool accumulate,
+                         const void* dy, const void* x, const void* weight, const float* rstd) override;
+  Status RopeForward(const RopeArgs& a, void* out, const void* in) override;
+  Status RopeBackward(const RopeArgs& a, void* dx, const void* dy) override;
+  Status SwiGluForward(void* out, const void* in, int64_t rows, int64_t f, DType dtype) override;
+  Status SwiGluBackward(void* din, const void* dout, const void* in, int64_t rows, int64_t f,
+                        DType dtype) override;
   Status GeluForward(void* y, const void* x, int64_t n, DType dtype) override;
   Status GeluBackward(void* dx, const void* x, const void* dy, int64_t n, DType dtype) override;
   Status Add(void* out, const void* a, const void* b, int64_t n, DType dtype) override;

@@ -39,8 +39,10 @@ void ForwardTyped(T* out, const int32_t* tokens, const T* wte, const T* wpe, int
     std::vector<A> a(C), p(C);
     for (int64_t r = r0; r < r1; ++r) {
       LoadN(wte + static_cast<int64_t>(tokens[r]) * C, a.data(), C);
-      LoadN(wpe + (r % T_) * C, p.data(), C);
-      for (int64_t j = 0; j < C; ++j) a[j] += p[j];
+      if (wpe) {
+        LoadN(wpe + (r % T_) * C, p.data(), C);
+        for (int64_t j = 0; j < C; ++j) a[j] += p[j];
+      }
       StoreN(a.data(), out + r * C, C);
     }
   });
@@ -77,6 +79,7 @@ void BackwardTyped(G* dwte, G* dwpe, const T* dout, const int32_t* tokens, int64
       StoreN(row.data(), dst, C);
     }
   });
+  if (!dwpe) return;
   ParallelBlocks(T_, rows_per_block, [&](int64_t t0, int64_t t1) {
     std::vector<A> acc(C), row(C);
     for (int64_t t = t0; t < t1; ++t) {
@@ -103,7 +106,6 @@ Status CpuBackend::EmbeddingForward(void* out, const int32_t* tokens, const void
   RETURN_IF_ERROR(CheckPtr(out, op, "out"));
   RETURN_IF_ERROR(CheckPtr(tokens, op, "tokens"));
   RETURN_IF_ERROR(CheckPtr(wte, op, "wte"));
-  RETURN_IF_ERROR(CheckPtr(wpe, op, "wpe"));
   RETURN_IF_ERROR(CheckTokens(op, tokens, B * T, -1));
   return VisitFloat(dtype, op, [&](auto t) {
     using Ty = typename decltype(t)::type;
@@ -123,7 +125,6 @@ Status CpuBackend::EmbeddingBackward(void* dwte, void* dwpe, DType grad_dtype, c
   RETURN_IF_ERROR(CheckPositive(Vp, op, "Vp"));
   if (B * T == 0) return Status::OK();
   RETURN_IF_ERROR(CheckPtr(dwte, op, "dwte"));
-  RETURN_IF_ERROR(CheckPtr(dwpe, op, "dwpe"));
   RETURN_IF_ERROR(CheckPtr(dout, op, "dout"));
   RETURN_IF_ERROR(CheckPtr(tokens, op, "tokens"));
   RETURN_IF_ERROR(CheckTokens(op, tokens, B * T, Vp));

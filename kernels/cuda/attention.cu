@@ -5,6 +5,10 @@
 // fallback where they do not apply (f32, head dims that are not multiples of
 // 8 or larger than 128, GPUs older than sm_80).
 //
+// Grouped-query attention: k and v are split per query head (each key/value
+// head copied for its group into the workspace), d K and d V summed per
+// group when merged back.
+//
 // Workspace (AttentionWorkspaceBytes): q, k, v, o, do, dq, dk, dv (B*H, T, D)
 // in dtype; S (B*H, T, T) f32; P (B*H, T, T) dtype; delta (B*H, T) f32.
 #include "kernels/cuda/common.cuh"
@@ -17,16 +21,34 @@ namespace {
 // ---- kernels ----------------------------------------------------------------
 
 // dst: (B, H, T, D); src: rows of `src_stride` elements, (B, T, ...), head h
-// of row (b, t) at columns col_off + h*D.
+// of row (b, t) at columns col_off + (h / group)*D (group > 1: a key/value
+// head of grouped-query attention, copied for each of its query heads into
+// this workspace buffer).
 template <typename T>
 __global__ void split_heads_kernel(T* __restrict__ dst, const T* __restrict__ src,
                                    int64_t src_stride, int64_t col_off, int64_t B, int64_t seq,
-                                   int64_t H, int64_t D) {
+                                   int64_t H, int64_t D, int64_t group = 1) {
   const int64_t n = B * H * seq * D;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
     const int64_t d = i % D, t = (i / D) % seq, h = (i / (D * seq)) % H, b = i / (D * seq * H);
-    dst[i] = src[(b * seq + t) * src_stride + col_off + h * D + d];
+    dst[i] = src[(b * seq + t) * src_stride + col_off + (h / group) * D + d];
+  }
+}
+
+// dst rows of `dst_stride` elements get, at col_off + kvh*D, the sum over the
+// `group` query heads kvh*group.. of src (B, H, T, D), in fp32 in head order.
+template <typename T>
+__global__ void merge_heads_sum_kernel(T* __restrict__ dst, const T* __restrict__ src, int64_t dst_stride,
+                                       int64_t col_off, int64_t B, int64_t seq, int64_t H, int64_t D,
+                                       int64_t group) {
+  const int64_t KV = H / group, n = B * KV * seq * D;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t d = i % D, t = (i / D) % seq, kvh = (i / (D * seq)) % KV, b = i / (D * seq * KV);
+    float acc = 0.f;
+    for (int64_t g = 0; g < group; ++g) acc += ToF(src[((b * H + kvh * group + g) * seq + t) * D + d]);
+    dst[(b * seq + t) * dst_stride + col_off + kvh * D + d] = FromF<T>(acc);
   }
 }
 
@@ -157,10 +179,11 @@ Status SimpleAttentionForward(cudaStream_t stream, GemmRunner& gemm, const Atten
     E* o = At<E>(workspace, l.o);
     float* s = At<float>(workspace, l.s);
     E* p = At<E>(workspace, l.p);
-    const int64_t n = BH * T * D;
-    for (auto [dst, off] : {std::pair{q, int64_t{0}}, std::pair{k, C}, std::pair{v, 2 * C}}) {
+    const int64_t n = BH * T * D, KV = sh.kv(), W = sh.qkv_width(), group = H / KV;
+    for (auto [dst, off, grp] : {std::tuple{q, int64_t{0}, int64_t{1}}, std::tuple{k, C, group},
+                                 std::tuple{v, C + KV * D, group}}) {
       split_heads_kernel<E><<<ElementwiseGrid(n), kElementwiseThreads, 0, stream>>>(
-          dst, src, 3 * C, off, B, T, H, D);
+          dst, src, W, off, B, T, H, D, grp);
       CUDA_RETURN_IF_LAUNCH_ERROR("split_heads_kernel");
     }
     GemmArgs g;  // S = scale * Q K^T, (BH, T, T) f32
@@ -206,11 +229,12 @@ Status SimpleAttentionBackward(cudaStream_t stream, GemmRunner& gemm, const Atte
     float* s = At<float>(workspace, l.s);
     E* p = At<E>(workspace, l.p);
     float* delta = At<float>(workspace, l.delta);
-    const int64_t n = BH * T * D;
+    const int64_t n = BH * T * D, KV = sh.kv(), W = sh.qkv_width(), group = H / KV;
     const unsigned grid = ElementwiseGrid(n);
     const E* src = static_cast<const E*>(qkv);
-    for (auto [dst, off] : {std::pair{q, int64_t{0}}, std::pair{k, C}, std::pair{v, 2 * C}}) {
-      split_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(dst, src, 3 * C, off, B, T, H, D);
+    for (auto [dst, off, grp] : {std::tuple{q, int64_t{0}, int64_t{1}}, std::tuple{k, C, group},
+                                 std::tuple{v, C + KV * D, group}}) {
+      split_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(dst, src, W, off, B, T, H, D, grp);
       CUDA_RETURN_IF_LAUNCH_ERROR("split_heads_kernel");
     }
     split_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(o, static_cast<const E*>(out), C,
@@ -270,9 +294,17 @@ Status SimpleAttentionBackward(cudaStream_t stream, GemmRunner& gemm, const Atte
     RETURN_IF_ERROR(gemm.Run(gk));
 
     E* dst = static_cast<E*>(dqkv);
-    for (auto [srcp, off] : {std::pair{dq, int64_t{0}}, std::pair{dk, C}, std::pair{dv, 2 * C}}) {
-      merge_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(dst, srcp, 3 * C, off, B, T, H, D);
-      CUDA_RETURN_IF_LAUNCH_ERROR("merge_heads_kernel");
+    merge_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(dst, dq, W, 0, B, T, H, D);
+    CUDA_RETURN_IF_LAUNCH_ERROR("merge_heads_kernel");
+    for (auto [srcp, off] : {std::pair{dk, C}, std::pair{dv, C + KV * D}}) {
+      if (group == 1) {
+        merge_heads_kernel<E><<<grid, kElementwiseThreads, 0, stream>>>(dst, srcp, W, off, B, T, H, D);
+        CUDA_RETURN_IF_LAUNCH_ERROR("merge_heads_kernel");
+      } else {  // d K, d V of a key/value head: the sum over its query heads
+        merge_heads_sum_kernel<E><<<ElementwiseGrid(B * KV * T * D), kElementwiseThreads, 0, stream>>>(
+            dst, srcp, W, off, B, T, H, D, group);
+        CUDA_RETURN_IF_LAUNCH_ERROR("merge_heads_sum_kernel");
+      }
     }
     return Status::OK();
   });

@@ -198,6 +198,53 @@ class CudaBackend final : public Backend {
                                    kScratchBytes);
   }
 
+  Status RmsNormForward(const RmsNormArgs& a, void* y, float* rstd, const void* x, const void* weight) override {
+    const char* op = "RmsNormForward";
+    RETURN_IF_ERROR(CheckRmsNorm(op, a));
+    if (a.rows > 0)
+      for (auto [n, p] : {std::pair{"y", static_cast<const void*>(y)}, std::pair{"x", x}, std::pair{"weight", weight}})
+        RETURN_IF_ERROR(CheckPtr(op, n, p));
+    OpScope scope(this, "rmsnorm_fwd");
+    return cuda::RmsNormForward(stream_, a, y, rstd, x, weight);
+  }
+  Status RmsNormBackward(const RmsNormArgs& a, void* dx, void* dweight, DType grad_dtype, bool accumulate,
+                         const void* dy, const void* x, const void* weight, const float* rstd) override {
+    const char* op = "RmsNormBackward";
+    RETURN_IF_ERROR(CheckRmsNorm(op, a));
+    RETURN_IF_ERROR(CheckDType(op, "grad", grad_dtype));
+    RETURN_IF_ERROR(CheckPtr(op, "dweight", dweight));
+    if (a.rows > 0)
+      for (auto [n, p] : {std::pair{"dx", static_cast<const void*>(dx)}, std::pair{"dy", dy}, std::pair{"x", x},
+                          std::pair{"weight", weight}, std::pair{"rstd", static_cast<const void*>(rstd)}})
+        RETURN_IF_ERROR(CheckPtr(op, n, p));
+    OpScope scope(this, "rmsnorm_bwd");
+    return cuda::RmsNormBackward(stream_, info_.sm_count, a, dx, dweight, grad_dtype, accumulate, dy, x, weight, rstd,
+                                 static_cast<float*>(scratch_), kScratchBytes);
+  }
+  Status RopeForward(const RopeArgs& a, void* out, const void* in) override {
+    RETURN_IF_ERROR(CheckRope("RopeForward", a, out, in));
+    OpScope scope(this, "rope_fwd");
+    return cuda::RopeForward(stream_, a, out, in);
+  }
+  Status RopeBackward(const RopeArgs& a, void* dx, const void* dy) override {
+    RETURN_IF_ERROR(CheckRope("RopeBackward", a, dx, dy));
+    OpScope scope(this, "rope_bwd");
+    return cuda::RopeBackward(stream_, a, dx, dy);
+  }
+  Status SwiGluForward(void* out, const void* in, int64_t rows, int64_t f, DType dtype) override {
+    RETURN_IF_ERROR(CheckElementwise("SwiGluForward", rows * f, dtype, {{"out", out}, {"in", in}}));
+    OpScope scope(this, "swiglu_fwd");
+    return cuda::SwiGluForward(stream_, out, in, rows, f, dtype);
+  }
+  Status SwiGluBackward(void* din, const void* dout, const void* in, int64_t rows, int64_t f,
+                        DType dtype) override {
+    const char* op = "SwiGluBackward";
+    RETURN_IF_ERROR(CheckElementwise(op, rows * f, dtype, {{"din", din}, {"dout", dout}, {"in", in}}));
+    if (rows * f > 0 && din == dout) return InvalidArgument(std::string(op) + ": din must not alias dout");
+    OpScope scope(this, "swiglu_bwd");
+    return cuda::SwiGluBackward(stream_, din, dout, in, rows, f, dtype);
+  }
+
   Status GeluForward(void* y, const void* x, int64_t n, DType dtype) override {
     RETURN_IF_ERROR(CheckElementwise("GeluForward", n, dtype, {{"y", y}, {"x", x}}));
     OpScope scope(this, "gelu_fwd");
@@ -299,7 +346,7 @@ class CudaBackend final : public Backend {
     if (B * T * C > 0)
       for (auto [n, p] : {std::pair{"out", static_cast<const void*>(out)},
                           std::pair{"tokens", static_cast<const void*>(tokens)},
-                          std::pair{"wte", wte}, std::pair{"wpe", wpe}})
+                          std::pair{"wte", wte}})
         RETURN_IF_ERROR(CheckPtr(op, n, p));
     OpScope scope(this, "embedding_fwd");
     return cuda::EmbeddingForward(stream_, out, tokens, wte, wpe, B, T, C, dtype);
@@ -314,7 +361,6 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckDType(op, "grad", grad_dtype));
     if (B * T * C > 0)
       for (auto [n, p] : {std::pair{"dwte", static_cast<const void*>(dwte)},
-                          std::pair{"dwpe", static_cast<const void*>(dwpe)},
                           std::pair{"dout", dout},
                           std::pair{"tokens", static_cast<const void*>(tokens)}})
         RETURN_IF_ERROR(CheckPtr(op, n, p));
@@ -482,6 +528,37 @@ class CudaBackend final : public Backend {
     return Status::OK();
   }
 
+  static Status CheckRmsNorm(const char* op, const RmsNormArgs& a) {
+    RETURN_IF_ERROR(CheckNonNeg(op, "rows", a.rows));
+    RETURN_IF_ERROR(CheckDType(op, "x", a.dtype));
+    if (a.cols <= 0)
+      return InvalidArgument(std::string(op) + ": cols = " + std::to_string(a.cols) + " must be > 0");
+    RETURN_IF_ERROR(CheckIntRange(op, "cols", a.cols));
+    if (!(a.eps >= 0.f)) return InvalidArgument(std::string(op) + ": eps must be >= 0");
+    return Status::OK();
+  }
+
+  static Status CheckRope(const char* op, const RopeArgs& a, const void* out, const void* in) {
+    RETURN_IF_ERROR(CheckNonNeg(op, "batch", a.batch));
+    RETURN_IF_ERROR(CheckNonNeg(op, "seq", a.seq));
+    RETURN_IF_ERROR(CheckNonNeg(op, "heads", a.heads));
+    RETURN_IF_ERROR(CheckDType(op, "dtype", a.dtype));
+    if (a.head_dim <= 0 || a.head_dim % 2 != 0)
+      return InvalidArgument(std::string(op) + ": head_dim = " + std::to_string(a.head_dim) + " must be even and > 0");
+    if (a.heads * a.head_dim > a.width)
+      return InvalidArgument(std::string(op) + ": heads * head_dim = " + std::to_string(a.heads * a.head_dim) +
+                             " exceeds width = " + std::to_string(a.width));
+    RETURN_IF_ERROR(CheckIntRange(op, "width", a.width));
+    RETURN_IF_ERROR(CheckIntRange(op, "seq", a.seq));
+    if (!(a.rope.theta > 0.f) || !(a.rope.factor > 0.f))
+      return InvalidArgument(std::string(op) + ": rope theta and factor must be > 0");
+    if (a.batch * a.seq > 0) {
+      RETURN_IF_ERROR(CheckPtr(op, "out", out));
+      RETURN_IF_ERROR(CheckPtr(op, "in", in));
+    }
+    return Status::OK();
+  }
+
   static Status CheckElementwise(const char* op, int64_t n, DType dtype,
                                  std::initializer_list<std::pair<const char*, const void*>> ptrs) {
     RETURN_IF_ERROR(CheckNonNeg(op, "n", n));
@@ -509,6 +586,9 @@ class CudaBackend final : public Backend {
                              " must be > 0");
     RETURN_IF_ERROR(CheckIntRange(op, "seq", s.seq));
     RETURN_IF_ERROR(CheckIntRange(op, "heads * head_dim", s.heads * s.head_dim));
+    if (s.kv_heads < 0 || (s.heads > 0 && s.heads % s.kv() != 0))
+      return InvalidArgument(std::string(op) + ": kv_heads = " + std::to_string(s.kv_heads) +
+                             " does not divide heads = " + std::to_string(s.heads));
     if (opts_.attention == AttentionImpl::kFlash && !cuda::FlashAttentionSupports(s, info_.cc_major))
       return InvalidArgument(std::string(op) +
                              ": the flash kernels need f16/bf16, head_dim % 8 == 0 and <= 128, "

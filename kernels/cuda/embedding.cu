@@ -41,14 +41,17 @@ __global__ void embedding_forward_kernel(T* __restrict__ out, const int32_t* __r
     return;
   }
   const T* e = wte + static_cast<int64_t>(tok) * C;
-  const T* p = wpe + t * C;
+  const T* p = wpe ? wpe + t * C : nullptr;  // null: no position table
   for (int c = lane * kVec; c < C; c += 32 * kVec) {
     if constexpr (kVec == 1) {
-      o[c] = FromF<T>(ToF(e[c]) + ToF(p[c]));
+      o[c] = FromF<T>(ToF(e[c]) + (p ? ToF(p[c]) : 0.f));
     } else {
-      Pack<T> ve = LoadPack(e + c), vp = LoadPack(p + c);
+      Pack<T> ve = LoadPack(e + c);
+      if (p) {
+        Pack<T> vp = LoadPack(p + c);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) ve.v[i] = FromF<T>(ToF(ve.v[i]) + ToF(vp.v[i]));
+        for (int i = 0; i < kVec; ++i) ve.v[i] = FromF<T>(ToF(ve.v[i]) + ToF(vp.v[i]));
+      }
       StorePack(o + c, ve);
     }
   }
@@ -161,7 +164,7 @@ Status EmbeddingForward(cudaStream_t stream, void* out, const int32_t* tokens, c
   return DispatchFloat(dtype, "EmbeddingForward", [&](auto tag) -> Status {
     using E = decltype(tag);
     constexpr int kN = Pack<E>::kN;
-    const bool vec = C % kN == 0 && Aligned16(out) && Aligned16(wte) && Aligned16(wpe);
+    const bool vec = C % kN == 0 && Aligned16(out) && Aligned16(wte) && (!wpe || Aligned16(wpe));
     dim3 grid(CeilDiv(BT, kRowsPerBlock)), block(32 * kRowsPerBlock);
     if (vec)
       embedding_forward_kernel<E, kN><<<grid, block, 0, stream>>>(
@@ -192,9 +195,11 @@ Status EmbeddingBackward(cudaStream_t stream, void* dwte, void* dwpe, DType grad
             Vp);
         CUDA_RETURN_IF_LAUNCH_ERROR("embedding_backward_wte_kernel");
       }
-      embedding_backward_wpe_kernel<G, E><<<CeilDiv(T * C, 256), 256, 0, stream>>>(
-          static_cast<G*>(dwpe), static_cast<const E*>(dout), B, T * C);
-      CUDA_RETURN_IF_LAUNCH_ERROR("embedding_backward_wpe_kernel");
+      if (dwpe) {  // null: no position table
+        embedding_backward_wpe_kernel<G, E><<<CeilDiv(T * C, 256), 256, 0, stream>>>(
+            static_cast<G*>(dwpe), static_cast<const E*>(dout), B, T * C);
+        CUDA_RETURN_IF_LAUNCH_ERROR("embedding_backward_wpe_kernel");
+      }
       return Status::OK();
     });
   });

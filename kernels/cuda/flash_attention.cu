@@ -2,8 +2,9 @@
 // tensor cores through mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate):
 // sm_80 and later, nothing sm_90-only.
 //
-// Layout (backend.h): qkv (B, T, 3C) with q, k, v at column offsets 0, C, 2C
-// and head h at h*D..h*D+D-1 of each; out (B, T, C); lse (B, H, T) f32, the
+// Layout (backend.h): qkv (B, T, C + 2 KV D) with q, k, v at column offsets
+// 0, C, C + KV D and query head h at h*D..h*D+D-1 of q, its key/value head
+// h / (H / KV) likewise of k and v (grouped-query attention; KV = H: 3C); out (B, T, C); lse (B, H, T) f32, the
 // natural-log log-sum-exp of each query row's scaled scores.
 //
 // Tiles: 4 warps per block, each owning kM m-tiles of 16 rows (the B
@@ -283,7 +284,7 @@ template <typename T, int kD, int kBc, bool kFma>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_forward_kernel(T* __restrict__ out, float* __restrict__ lse,
                                    const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                   float scale_log2) {
+                                   float scale_log2, int KV) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr;
   constexpr int kS = Tile<kD>::kStride;
@@ -300,10 +301,10 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qb * kBr;
   const int row0 = warp * 16 * kM;                  // this warp's first row in the block
   const int warp_last_query = q0 + row0 + 16 * kM - 1;
-  const int64_t row_stride = 3LL * C;
+  const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
 
   LoadTile<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
   LoadTile<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
@@ -407,10 +408,11 @@ __global__ void flash_attention_delta_kernel(float* __restrict__ delta, const T*
 // most queries and start first).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
-    flash_attention_backward_dkdv_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
+    flash_attention_backward_dkdv_kernel(T* __restrict__ dkv, const T* __restrict__ qkv,
                                          const T* __restrict__ dout, const float* __restrict__ lse,
                                          const float* __restrict__ delta, int seq, int H, int D,
-                                         int C, float scale_log2, float scale) {
+                                         int C, float scale_log2, float scale, int KV,
+                                         int64_t dkv_stride, int64_t dv_off) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kS = Tile<kD>::kStride;
   constexpr int kQT = kBwdQueries * kS;
@@ -428,10 +430,10 @@ __global__ void __launch_bounds__(kThreads)
   const int kb = blockIdx.y;
   const int k0 = kb * kDkDvKeys;
   const int row0 = warp * 16;  // this warp's 16 keys in the block
-  const int64_t row_stride = 3LL * C;
+  const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
   const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
   const float* lse_g = lse + static_cast<int64_t>(bh) * seq;
   const float* delta_g = delta + static_cast<int64_t>(bh) * seq;
@@ -517,9 +519,9 @@ __global__ void __launch_bounds__(kThreads)
   AccToSmem<T, kD, 1>(sK, row0, dk, scale);
   AccToSmem<T, kD, 1>(sV, row0, dv, 1.f);
   __syncthreads();
-  T* dq_g = dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  StoreTile<T, kD, kDkDvKeys>(dq_g + C, sK, k0, seq, D, row_stride);
-  StoreTile<T, kD, kDkDvKeys>(dq_g + 2 * C, sV, k0, seq, D, row_stride);
+  T* dk_g = dkv + static_cast<int64_t>(b) * seq * dkv_stride + h * D;
+  StoreTile<T, kD, kDkDvKeys>(dk_g, sK, k0, seq, D, dkv_stride);
+  StoreTile<T, kD, kDkDvKeys>(dk_g + dv_off, sV, k0, seq, D, dkv_stride);
 #else
   __trap();
 #endif
@@ -532,7 +534,7 @@ __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_dq_kernel(T* __restrict__ dqkv, const T* __restrict__ qkv,
                                        const T* __restrict__ dout, const float* __restrict__ lse,
                                        const float* __restrict__ delta, int seq, int H, int D,
-                                       int C, float scale_log2, float scale) {
+                                       int C, float scale_log2, float scale, int KV) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kM = RowBlock<kD>::kM, kBr = RowBlock<kD>::kBr, kBc = RowBlock<kD>::kDqBc;
   constexpr int kS = Tile<kD>::kStride;
@@ -550,10 +552,10 @@ __global__ void __launch_bounds__(kThreads)
   const int q0 = qb * kBr;
   const int row0 = warp * 16 * kM;
   const int warp_last_query = q0 + row0 + 16 * kM - 1;
-  const int64_t row_stride = 3LL * C;
+  const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
   const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
 
   LoadTile<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
@@ -684,11 +686,12 @@ constexpr size_t DqDsSmemBytes() {  // 2 x (dS tile, K tile)
 // queries) first.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kDsThreads, 1)
-    flash_attention_backward_dkdv_ds_kernel(T* __restrict__ dqkv, T* __restrict__ ds_ws,
+    flash_attention_backward_dkdv_ds_kernel(T* __restrict__ dkv, T* __restrict__ ds_ws,
                                             const T* __restrict__ qkv, const T* __restrict__ dout,
                                             const float* __restrict__ lse,
                                             const float* __restrict__ delta, int seq, int H, int D,
-                                            int C, float scale_log2, float scale) {
+                                            int C, float scale_log2, float scale, int KV,
+                                            int64_t dkv_stride, int64_t dv_off) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kS = Tile<kD>::kStride;
   constexpr int kQT = kDsQueries * kS;
@@ -712,10 +715,10 @@ __global__ void __launch_bounds__(kDsThreads, 1)
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int kb = blockIdx.y;
   const int k0 = kb * kDsKeys;
-  const int64_t row_stride = 3LL * C;
+  const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
   const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
   const float* lse_g = lse + static_cast<int64_t>(bh) * seq;
   const float* delta_g = delta + static_cast<int64_t>(bh) * seq;
@@ -807,9 +810,9 @@ __global__ void __launch_bounds__(kDsThreads, 1)
   FragToSmem<T, 2, kDh>(sK, kS, wk * 32, wd * kDh, dk, scale);
   FragToSmem<T, 2, kDh>(sV, kS, wk * 32, wd * kDh, dv, 1.f);
   __syncthreads();
-  T* dq_g = dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  StoreTile<T, kD, kDsKeys, kDsThreads>(dq_g + C, sK, k0, seq, D, row_stride);
-  StoreTile<T, kD, kDsKeys, kDsThreads>(dq_g + 2 * C, sV, k0, seq, D, row_stride);
+  T* dk_g = dkv + static_cast<int64_t>(b) * seq * dkv_stride + h * D;
+  StoreTile<T, kD, kDsKeys, kDsThreads>(dk_g, sK, k0, seq, D, dkv_stride);
+  StoreTile<T, kD, kDsKeys, kDsThreads>(dk_g + dv_off, sV, k0, seq, D, dkv_stride);
 #else
   __trap();
 #endif
@@ -822,7 +825,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads)
     flash_attention_backward_dq_ds_kernel(T* __restrict__ dqkv, const T* __restrict__ ds_ws,
                                           const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                          float scale) {
+                                          float scale, int KV) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   constexpr int kS = Tile<kD>::kStride;
   constexpr int kDh = kD / 2;
@@ -837,8 +840,8 @@ __global__ void __launch_bounds__(kThreads)
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int m = gridDim.y - 1 - blockIdx.y;
   const int q0 = m * kDsQueries;
-  const int64_t row_stride = 3LL * C;
-  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + h * D;
+  const int64_t row_stride = C + 2LL * KV * D;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
   const T* panel = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq) + DsPanelOffset(m);
   const int64_t width = static_cast<int64_t>(m / 2 + 1) * kDsKeys;
 
@@ -888,6 +891,63 @@ Status SetSmem(Kernel k, size_t bytes) {
   return Status::OK();
 }
 
+// Where the dK/dV kernels write: dqkv's k and v columns without GQA; with
+// it, per query head into dkv_ws (B, T, 2C: dK | dV), summed over each
+// group into dqkv by SumGroups (K and V themselves are never replicated).
+template <typename T>
+struct DkDvTargetT {
+  T* dkv = nullptr;
+  int64_t stride = 0, dv_off = 0;
+};
+template <typename T>
+DkDvTargetT<T> DkDvTargetOf(const AttentionShape& s, void* dqkv, void* dkv_ws) {
+  const int64_t C = s.heads * s.head_dim;
+  DkDvTargetT<T> t;
+  if (s.kv() == s.heads) {
+    t.dkv = static_cast<T*>(dqkv) + C, t.stride = 3 * C, t.dv_off = C;
+  } else {
+    t.dkv = static_cast<T*>(dkv_ws), t.stride = 2 * C, t.dv_off = C;
+  }
+  return t;
+}
+
+// dqkv's k, v columns (B, T, KV D each) = the sums over each group's query
+// heads of dkv_ws (B, T, 2C), in fp32 in head order (deterministic).
+template <typename T>
+__global__ void flash_gqa_sum_kernel(T* __restrict__ dqkv, const T* __restrict__ ws, int64_t rows, int H, int KV,
+                                     int D) {
+  const int64_t C = static_cast<int64_t>(H) * D, KVD = static_cast<int64_t>(KV) * D;
+  const int64_t n = rows * 2 * KVD, W = C + 2 * KVD;
+  const int group = H / KV;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += stride) {
+    const int64_t r = i / (2 * KVD), j = i % (2 * KVD);  // j: k (< KVD) or v column
+    const int64_t which = j / KVD, kvh = (j % KVD) / D, d = j % D;
+    const T* src = ws + r * 2 * C + which * C + kvh * group * D + d;
+    float acc = 0.f;
+    for (int g = 0; g < group; ++g) acc += ToF(src[static_cast<int64_t>(g) * D]);
+    dqkv[r * W + C + j] = FromF<T>(acc);
+  }
+}
+
+template <typename T>
+Status SumGroups(cudaStream_t stream, const AttentionShape& s, void* dqkv, void* dkv_ws) {
+  if (s.kv() == s.heads) return Status::OK();
+  const int64_t rows = s.batch * s.seq, n = rows * 2 * s.kv() * s.head_dim;
+  flash_gqa_sum_kernel<T><<<ElementwiseGrid(n), kElementwiseThreads, 0, stream>>>(
+      static_cast<T*>(dqkv), static_cast<const T*>(dkv_ws), rows, static_cast<int>(s.heads),
+      static_cast<int>(s.kv()), static_cast<int>(s.head_dim));
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_gqa_sum_kernel");
+  return Status::OK();
+}
+
+// The per-query-head dK/dV buffer's bytes (0 without GQA), 256-aligned.
+size_t GqaBytes(const AttentionShape& s) {
+  if (s.kv() == s.heads) return 0;
+  return (static_cast<size_t>(s.batch * s.seq * 2 * s.heads * s.head_dim) * DTypeSize(s.dtype) + 255) &
+         ~size_t{255};
+}
+
 template <typename T, int kD, int kBc, bool kFma>
 Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
                      float* lse, const void* qkv) {
@@ -898,7 +958,7 @@ Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, 
   RETURN_IF_ERROR(SetSmem(kernel, smem));
   dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, RowBlock<kD>::kBr));
   kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv),
-                                           seq, H, D, C, scale * kLog2e);
+                                           seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_kernel");
   return Status::OK();
 }
@@ -906,7 +966,7 @@ Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, 
 template <typename T, int kD>
 Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
                       const void* dout, const void* qkv, const void* out, const float* lse,
-                      float* delta) {
+                      float* delta, void* dkv_ws) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
   const int64_t rows = static_cast<int64_t>(B) * seq * H;
@@ -919,9 +979,11 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
     constexpr size_t smem = DkDvSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_kernel<T, kD>;
     RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), static_cast<const T*>(qkv),
+    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
+    kernel<<<grid, kThreads, smem, stream>>>(t.dkv, static_cast<const T*>(qkv),
                                              static_cast<const T*>(dout), lse, delta, seq, H, D, C,
-                                             scale * kLog2e, scale);
+                                             scale * kLog2e, scale, static_cast<int>(s.kv()), t.stride,
+                                             t.dv_off);
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_kernel");
   }
   {
@@ -931,16 +993,16 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
     RETURN_IF_ERROR(SetSmem(kernel, smem));
     kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), static_cast<const T*>(qkv),
                                              static_cast<const T*>(dout), lse, delta, seq, H, D, C,
-                                             scale * kLog2e, scale);
+                                             scale * kLog2e, scale, static_cast<int>(s.kv()));
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_kernel");
   }
-  return Status::OK();
+  return SumGroups<T>(stream, s, dqkv, dkv_ws);
 }
 
 template <typename T, int kD>
 Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
                         const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* workspace) {
+                        void* workspace, void* dkv_ws) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
   const int64_t rows = static_cast<int64_t>(B) * seq * H;
@@ -954,10 +1016,11 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
     constexpr size_t smem = DkDvDsSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_ds_kernel<T, kD>;
     RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kDsThreads, smem, stream>>>(static_cast<T*>(dqkv), ds,
-                                               static_cast<const T*>(qkv),
+    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
+    kernel<<<grid, kDsThreads, smem, stream>>>(t.dkv, ds, static_cast<const T*>(qkv),
                                                static_cast<const T*>(dout), lse, delta, seq, H, D,
-                                               C, scale * kLog2e, scale);
+                                               C, scale * kLog2e, scale, static_cast<int>(s.kv()),
+                                               t.stride, t.dv_off);
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_ds_kernel");
   }
   {
@@ -966,10 +1029,11 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
     auto kernel = flash_attention_backward_dq_ds_kernel<T, kD>;
     RETURN_IF_ERROR(SetSmem(kernel, smem));
     kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), ds,
-                                             static_cast<const T*>(qkv), seq, H, D, C, scale);
+                                             static_cast<const T*>(qkv), seq, H, D, C, scale,
+                                             static_cast<int>(s.kv()));
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_ds_kernel");
   }
-  return Status::OK();
+  return SumGroups<T>(stream, s, dqkv, dkv_ws);
 }
 
 // Calls f(T{}, std::integral_constant<int, kD>{}) for the shape's dtype and tile head dim.
@@ -997,11 +1061,17 @@ bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
          s.seq <= int64_t{65535} * kDkDvKeys && s.batch * s.heads <= (int64_t{1} << 30);
 }
 
+// Workspace: the variant's (delta; with kDsBuffer the dS panels too), then
+// with GQA the per-query-head dK/dV (GqaBytes).
+size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
+  if (variant.bwd == FlashBwdKernel::kTwoPass)
+    return s.kv() == s.heads ? static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) : DsOffsetBytes(s);
+  const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
+  return DsOffsetBytes(s) + (s.kv() == s.heads ? ds : (ds + 255) & ~size_t{255});
+}
+
 size_t FlashAttentionWorkspaceBytes(const AttentionShape& s, const FlashVariant& variant) {
-  const size_t delta = static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float);
-  if (variant.bwd == FlashBwdKernel::kTwoPass) return delta;
-  return DsOffsetBytes(s) + static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) *
-                                DTypeSize(s.dtype);
+  return VariantBytes(s, variant) + GqaBytes(s);
 }
 
 Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
@@ -1012,7 +1082,9 @@ Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float
     constexpr int kD = decltype(dim)::value;
     // The wgmma kernel and the FMA form keep the max in raw score units:
     // right only for a positive scale (else the Bc 64 kernel without it).
-    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f)
+    // (The wgmma kernel reads q | k | v of H heads each: grouped-query
+    // attention runs the portable kernels.)
+    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f && s.kv() == s.heads)
       return FlashAttentionForwardWgmma(stream, s, scale, out, lse, qkv);
     if (variant.fwd == FlashFwdKernel::kBc64 || variant.fwd == FlashFwdKernel::kWgmma) {
       // The FMA form keeps the max in raw score units: right only for a positive scale.
@@ -1030,10 +1102,11 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
   return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
+    void* dkv_ws = static_cast<char*>(workspace) + VariantBytes(s, variant);
     if (variant.bwd == FlashBwdKernel::kDsBuffer)
-      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace);
+      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws);
     return LaunchBackward<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse,
-                                 static_cast<float*>(workspace));
+                                 static_cast<float*>(workspace), dkv_ws);
   });
 }
 

@@ -27,6 +27,23 @@ Status LayerNormBackward(cudaStream_t stream, int num_sms, const LayerNormArgs& 
                          const void* dy, const void* x, const void* weight, const float* mean,
                          const float* rstd, float* scratch, size_t scratch_bytes);
 
+// rmsnorm.cu — y, x, dx, dy: (N, C); weight, dweight: (C); rstd: (N) f32.
+// scratch: >= C * 4 bytes (fp32 partials).
+Status RmsNormForward(cudaStream_t stream, const RmsNormArgs& a, void* y, float* rstd, const void* x,
+                      const void* weight);
+Status RmsNormBackward(cudaStream_t stream, int num_sms, const RmsNormArgs& a, void* dx, void* dweight,
+                       DType grad_dtype, bool accumulate, const void* dy, const void* x, const void* weight,
+                       const float* rstd, float* scratch, size_t scratch_bytes);
+
+// rope.cu — out, in, dx, dy: (B*T, width); out may alias in.
+Status RopeForward(cudaStream_t stream, const RopeArgs& a, void* out, const void* in);
+Status RopeBackward(cudaStream_t stream, const RopeArgs& a, void* dx, const void* dy);
+
+// swiglu.cu — out, dout: (rows, f); in, din: (rows, 2f).
+Status SwiGluForward(cudaStream_t stream, void* out, const void* in, int64_t rows, int64_t f, DType dtype);
+Status SwiGluBackward(cudaStream_t stream, void* din, const void* dout, const void* in, int64_t rows, int64_t f,
+                      DType dtype);
+
 // gelu.cu — y, x, dx, dy: (n).
 Status GeluForward(cudaStream_t stream, void* y, const void* x, int64_t n, DType dtype);
 Status GeluBackward(cudaStream_t stream, void* dx, const void* x, const void* dy, int64_t n,
