@@ -135,7 +135,8 @@ struct RmsNormArgs {
 };
 
 // Rotary position embedding over rows of `width` columns, B sequences of T
-// rows (row r is position r % T): the first `heads` groups of `head_dim`
+// rows (row r is position position_offset + r % T; a decoder's new rows
+// start at the cache's length): the first `heads` groups of `head_dim`
 // columns are rotated (HF rotate_half: pair i is (i, i + D/2), angle
 // fp32(t * inv_freq[i]), kernels/rope_params.h); the other columns are copied.
 struct RopeArgs {
@@ -143,6 +144,7 @@ struct RopeArgs {
   int64_t heads = 0, head_dim = 0;  // heads * head_dim <= width; head_dim even
   DType dtype = DType::kBF16;
   RopeParams rope;
+  int64_t position_offset = 0;  // >= 0: the position of each sequence's first row
 };
 
 // Attention of new query rows against a key/value cache (generation): each

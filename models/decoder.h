@@ -4,11 +4,17 @@
 // recomputed. Family-blind: the block is interpreted from its BlockSpec ops
 // (models/model_spec.h), one case per op kind, as BlockProgram does for
 // training; the attention op reads and extends its layer's cache through
-// Backend::AttentionDecode.
+// Backend::AttentionDecode (n_kv_head key/value heads: grouped-query
+// attention caches only those), RoPE rotates the new rows at positions
+// position() + row. GPT-2's ops (LayerNorm, Conv1D-layout Linear, a learned
+// position table, a tied head) and Llama's (RMSNorm, RoPE, SwiGLU,
+// nn.Linear-layout Linear with fused q | k | v and gate | up, no position
+// table, an RMSNorm final norm, a tied or untied LM head).
 //
 // Memory, in backend memory beside the borrowed parameters: per attention
 // op and layer a K and a V cache of capacity x d_model; one buffer per
 // activation of the block of max_rows x its width; the logits of max_rows rows.
+// (With grouped-query attention the caches are capacity x n_kv_head head_dim.)
 //
 // Ownership: borrows the backend and the parameters (one buffer per unit,
 // the spec's layout, in `dtype`), which must outlive it.
@@ -60,6 +66,11 @@ class Decoder {
   DType dtype() const { return dtype_; }
 
  private:
+  // A transposed Linear's weight (and bias) writing output columns [n0, n0 + n):
+  // one part when the concatenated weights lie adjacent in the unit.
+  struct Part {
+    int64_t weight = -1, bias = -1, n0 = 0, n = 0;
+  };
   // One op of the block, compiled: which activation buffers it reads and writes.
   struct Op {
     OpKind kind = OpKind::kLinear;
@@ -68,10 +79,14 @@ class Decoder {
     int64_t in_width = 0, width = 0;       // columns of in and out
     int64_t weight = -1, bias = -1;        // offsets in the block's unit (elements)
     bool gelu = false;
+    bool transposed = false;  // kLinear: nn.Linear layout, `parts`
+    std::vector<Part> parts;
     int cache = -1;  // kAttention: its cache slot (per layer)
   };
   Decoder(kernels::Backend* backend, const ModelSpec& spec, DType dtype, std::vector<const void*> params);
   Status Compile();
+  Status CompileLinear(const BlockOp& bop, Op* op) const;
+  Status RunLinear(const Op& op, const char* params, int64_t rows);
   Status Allocate(const std::vector<int64_t>& width);
   Status RunOp(const Op& op, const char* params, int layer, int64_t rows);
   Status Embed(const int32_t* tokens, int64_t n);

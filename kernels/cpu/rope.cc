@@ -1,6 +1,6 @@
 // Rotary position embedding, forward and backward, one row per task block.
 //
-// Per row (position t = row % T) and rotated head, pair i = (i, i + D/2):
+// Per row (position t = position_offset + row % T) and rotated head, pair i = (i, i + D/2):
 //   forward   y_i = x_i c - x_{i+D/2} s,   y_{i+D/2} = x_{i+D/2} c + x_i s
 //   backward  the transpose: the same with s negated,
 // with c, s = cos, sin of the fp32 angle fp32(t * inv_freq[i]) rounded to
@@ -19,6 +19,7 @@ namespace {
 Status CheckRope(const RopeArgs& a, const char* op) {
   RETURN_IF_ERROR(CheckNonNegative(a.batch, op, "batch"));
   RETURN_IF_ERROR(CheckNonNegative(a.seq, op, "seq"));
+  RETURN_IF_ERROR(CheckNonNegative(a.position_offset, op, "position_offset"));
   RETURN_IF_ERROR(CheckPositive(a.head_dim, op, "head_dim"));
   RETURN_IF_ERROR(CheckNonNegative(a.heads, op, "heads"));
   RETURN_IF_ERROR(CheckArg(a.head_dim % 2 == 0, op, "head_dim = " + std::to_string(a.head_dim) + " must be even"));
@@ -30,7 +31,7 @@ Status CheckRope(const RopeArgs& a, const char* op) {
                       " must be finite and > 0");
 }
 
-// cos and sin of [T, D/2] angles in the compute type.
+// cos and sin of [T, D/2] angles (positions position_offset ..) in the compute type.
 template <class A>
 void Table(const RopeArgs& a, std::vector<A>* cs, std::vector<A>* sn) {
   const int64_t half = a.head_dim / 2;
@@ -40,7 +41,7 @@ void Table(const RopeArgs& a, std::vector<A>* cs, std::vector<A>* sn) {
   for (int64_t i = 0; i < half; ++i) inv[static_cast<size_t>(i)] = RopeInvFreq(a.rope, a.head_dim, i);
   for (int64_t t = 0; t < a.seq; ++t)
     for (int64_t i = 0; i < half; ++i) {
-      const float angle = static_cast<float>(t) * inv[static_cast<size_t>(i)];
+      const float angle = static_cast<float>(a.position_offset + t) * inv[static_cast<size_t>(i)];
       (*cs)[static_cast<size_t>(t * half + i)] = static_cast<A>(static_cast<float>(std::cos(static_cast<double>(angle))));
       (*sn)[static_cast<size_t>(t * half + i)] = static_cast<A>(static_cast<float>(std::sin(static_cast<double>(angle))));
     }

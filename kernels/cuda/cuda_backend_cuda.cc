@@ -542,6 +542,7 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckNonNeg(op, "batch", a.batch));
     RETURN_IF_ERROR(CheckNonNeg(op, "seq", a.seq));
     RETURN_IF_ERROR(CheckNonNeg(op, "heads", a.heads));
+    RETURN_IF_ERROR(CheckNonNeg(op, "position_offset", a.position_offset));
     RETURN_IF_ERROR(CheckDType(op, "dtype", a.dtype));
     if (a.head_dim <= 0 || a.head_dim % 2 != 0)
       return InvalidArgument(std::string(op) + ": head_dim = " + std::to_string(a.head_dim) + " must be even and > 0");

@@ -12,9 +12,9 @@
 namespace strata::kernels::cuda {
 namespace {
 
-// out, in: (rows, W); rows = B*T, position = row % T.
+// out, in: (rows, W); rows = B*T, position = offset + row % T.
 template <typename T>
-__global__ void rope_kernel(T* out, const T* in, int64_t rows, int T_, int W, int rotated, int D, RopeParams p,
+__global__ void rope_kernel(T* out, const T* in, int64_t rows, int T_, int64_t offset, int W, int rotated, int D, RopeParams p,
                             float sign) {
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * W) return;
@@ -27,7 +27,7 @@ __global__ void rope_kernel(T* out, const T* in, int64_t rows, int T_, int W, in
   }
   const int i = j % D;
   if (i >= half) return;  // the pair's first thread does both
-  const float angle = static_cast<float>(r % T_) * RopeInvFreq(p, D, i);
+  const float angle = static_cast<float>(offset + r % T_) * RopeInvFreq(p, D, i);
   float s, c;
   sincosf(angle, &s, &c);
   s *= sign;
@@ -43,7 +43,7 @@ Status Launch(cudaStream_t stream, const RopeArgs& a, void* out, const void* in,
   return DispatchFloat(a.dtype, op, [&](auto tag) -> Status {
     using T = decltype(tag);
     rope_kernel<T><<<CeilDiv(rows * a.width, 256), 256, 0, stream>>>(
-        static_cast<T*>(out), static_cast<const T*>(in), rows, static_cast<int>(a.seq), static_cast<int>(a.width),
+        static_cast<T*>(out), static_cast<const T*>(in), rows, static_cast<int>(a.seq), a.position_offset, static_cast<int>(a.width),
         static_cast<int>(a.heads * a.head_dim), static_cast<int>(a.head_dim), a.rope, sign);
     CUDA_RETURN_IF_LAUNCH_ERROR("rope_kernel");
     return Status::OK();

@@ -1,7 +1,8 @@
 // strata generate and strata eval as a user runs them: a model trained and
 // saved by strata train; eval prints the val loss the trainer printed for
 // the same file and windows; generate streams the prompt and its
-// continuation, the same for a seed and other for another; bad arguments are
+// continuation, the same for a seed and other for another, and runs a
+// Hugging Face Llama directory; bad arguments are
 // errors (exit 2) that name the argument.
 #include <cmath>
 #include <fstream>
@@ -83,6 +84,19 @@ TEST_F(InferenceCli, GenerateStreamsTheSameTextForASeed) {
                                    "--print-ids", "--temperature", "0", "--backend", "cpu"});
   ASSERT_EQ(ids.rc, 0) << ids.output;
   EXPECT_TRUE(std::regex_search(ids.output, std::regex(R"(^(\d+\n){4}generate: )"))) << ids.output;
+}
+
+// A Hugging Face LlamaForCausalLM directory (sharded bf16 weights, untied
+// head, GQA): greedy ids from --tokens, the same run to run.
+TEST(InferenceCliLlama, GenerateRunsAHuggingFaceLlamaDirectory) {
+  auto gen = [] {
+    return RunStrata({"generate", "--model", ::strata::testing::SourcePath("tests/data/llama_tiny_hf"), "--tokens",
+                      "1,17,42,99", "--max-new-tokens", "8", "--print-ids", "--temperature", "0", "--backend", "cpu"});
+  };
+  const StrataRun a = gen(), b = gen();
+  ASSERT_EQ(a.rc, 0) << a.output;
+  EXPECT_TRUE(std::regex_search(a.output, std::regex(R"(^(\d+\n){8}generate: )"))) << a.output;
+  EXPECT_EQ(a.output.substr(0, a.output.find("generate: ")), b.output.substr(0, b.output.find("generate: ")));
 }
 
 TEST_F(InferenceCli, BadArgumentsAreNamed) {

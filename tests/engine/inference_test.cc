@@ -1,7 +1,7 @@
 // The inference commands' library on the CPU backend: a checkpoint the
 // trainer saved, loaded (engine/inference_model.h) and evaluated on the
 // trainer's validation windows (engine/inference_eval.h), gives the
-// trainer's own val loss; generation with a seed gives the same tokens run
+// trainer's own val loss (GPT-2 and Llama); generation with a seed gives the same tokens run
 // to run, another seed others, and greedy generation is the argmax of the
 // decoder's logits (engine/generate.h).
 #include <algorithm>
@@ -25,10 +25,17 @@ namespace {
 using ::strata::testing::StatusIs;
 using ::strata::testing::TempDir;
 
-// A tiny model trained a few steps with `val` as its validation file, saved
-// under dir/save; returns its val loss over `batches` batches as the trainer computes it.
-double TrainAndSave(const std::string& dir, const std::string& val, int batches) {
+// A tiny model (GPT-2, or a Llama: GQA 4:2, SwiGLU, RMSNorm, RoPE, untied
+// head) trained a few steps with `val` as its validation file, saved under
+// dir/save; returns its val loss over `batches` batches as the trainer computes it.
+double TrainAndSave(const std::string& dir, const std::string& val, int batches, bool llama = false) {
   TrainOptions o = ::strata::testing::TinyTrainer(2, 64, 32);
+  if (llama) {
+    o.config.model.arch = "llama";
+    o.config.model.n_kv_head = 2;
+    o.config.model.intermediate_size = 176;
+    o.config.model.rms_norm_eps = 1e-5;
+  }
   o.backend = "cpu";
   o.config.data.val_path = val;
   o.config.trainer.eval_batches = batches;
@@ -66,6 +73,42 @@ TEST(Inference, EvalGivesTheTrainersValLossOnTheSameWindows) {
   // Other windows give another loss: the comparison says something.
   ASSERT_OK_AND_ASSIGN(const double two, EvaluateModel(m, be.get(), data.get(), 4, 32, 2));
   EXPECT_NE(two, trainer);
+}
+
+TEST(Inference, EvalOfALlamaStepDirectoryGivesTheTrainersValLoss) {
+  TempDir tmp;
+  const std::string val = WriteVal(tmp);
+  const double trainer = TrainAndSave(tmp.path(), val, 3, /*llama=*/true);
+  auto be = kernels::MakeCpuBackend(2);
+  ASSERT_OK_AND_ASSIGN(InferenceModel m, LoadInferenceModel(tmp.File("save"), be.get(), DType::kF32, "--model"));
+  EXPECT_EQ(m.spec.family, "llama");
+  EXPECT_FALSE(m.spec.head.tied);
+  DataConfig dc;
+  dc.path = dc.val_path = val;
+  ASSERT_OK_AND_ASSIGN(auto data, DataLoader::Open(dc, "", 256, 4, 32));
+  ASSERT_OK_AND_ASSIGN(const double eval, EvaluateModel(m, be.get(), data.get(), 4, 32, 3));
+  EXPECT_EQ(eval, trainer) << "the same parameters, windows, passes and kernels give the same bits";
+  // The decoder runs the checkpoint (no position table, untied head):
+  // greedy generation is the argmax of its logits after each prefix.
+  ASSERT_OK_AND_ASSIGN(auto d, models::Decoder::Create(be.get(), m.spec, m.dtype, m.unit_params(), {}));
+  GenerateRequest r;
+  for (unsigned char c : std::string("And God said")) r.prompt.push_back(c);
+  r.max_new_tokens = 10;
+  r.sampling = {0, 0, 1, 0};
+  std::vector<int32_t> greedy;
+  ASSERT_OK(Generate(*d, r, [&](int32_t t) {
+    greedy.push_back(t);
+    return Status::OK();
+  }).status());
+  ASSERT_EQ(greedy.size(), 10u);
+  std::vector<int32_t> seq = r.prompt;
+  std::vector<float> logits;
+  d->Reset();
+  ASSERT_OK(d->Step(seq.data(), static_cast<int64_t>(seq.size()), models::Decoder::Logits::kLast, &logits));
+  for (int32_t t : greedy) {
+    EXPECT_EQ(t, std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ASSERT_OK(d->Step(&t, 1, models::Decoder::Logits::kLast, &logits));
+  }
 }
 
 TEST(Inference, GenerationIsDeterministicInTheSeedAndGreedyIsTheArgmax) {

@@ -120,6 +120,31 @@ TEST_F(LlamaOpsTest, RopeIsHfRotateHalfAndItsBackwardIsTheTranspose) {
   }
 }
 
+// A decoder's new rows: rows at position_offset P are the rows P.. of the
+// whole sequence, bit for bit (and a negative offset is an error naming it).
+TEST_F(LlamaOpsTest, RopeAtAPositionOffsetIsTheLongerSequencesRows) {
+  const int64_t T = 11, P = 7, R = 4, heads = 3, D = 8, W = heads * D + 2;
+  RopeParams p;
+  p.theta = 500.f;
+  const std::vector<double> x = RandomVector(T * W, 8);
+  Tensor whole = Tensor::From(be_.get(), x, kF64), all(be_.get(), kF64, x.size());
+  ASSERT_OK(be_->RopeForward(RopeArgs{1, T, W, heads, D, kF64, p}, all.data(), whole.data()));
+  Tensor tail = Tensor::From(be_.get(), std::vector<double>(x.begin() + P * W, x.end()), kF64);
+  Tensor got(be_.get(), kF64, static_cast<size_t>(R * W));
+  RopeArgs a{1, R, W, heads, D, kF64, p};
+  a.position_offset = P;
+  ASSERT_OK(be_->RopeForward(a, got.data(), tail.data()));
+  const std::vector<double> want = all.Get();
+  EXPECT_EQ(got.Get(), std::vector<double>(want.begin() + P * W, want.end()));
+  a.position_offset = 0;
+  ASSERT_OK(be_->RopeForward(a, got.data(), tail.data()));
+  EXPECT_NE(got.Get(), std::vector<double>(want.begin() + P * W, want.end()));
+  a.position_offset = -1;
+  const Status bad = be_->RopeForward(a, got.data(), tail.data());
+  EXPECT_FALSE(bad.ok());
+  EXPECT_NE(bad.message().find("position_offset"), std::string::npos) << bad;
+}
+
 TEST_F(LlamaOpsTest, Llama3ScalingKeepsHighFrequenciesAndDividesLowOnes) {
   RopeParams p;
   p.type = RopeParams::kLlama3, p.theta = 500000.f, p.factor = 8.f, p.original_max_positions = 8192;

@@ -78,6 +78,15 @@ TEST_P(CudaLlamaOpsTest, RopeMatchesCpu) {
     ASSERT_OK(gpu_->RopeBackward(a, x.gpu.data(), x.gpu.data()));
     EXPECT_CLOSE(mir, x, dt, Tolerance(dt, OpKind::kReduction), "dx (in place)");
   }
+  // A decoder's rows: positions 2000.. (RopeArgs::position_offset).
+  const int64_t R = 5, H = 4, KV = 2, D = 64, W = (H + 2 * KV) * D;
+  RopeArgs a{1, R, W, H + KV, D, dt, RopeParams{}};
+  a.position_offset = 2000;
+  auto x = mir.MakeFloats(RandomFloats(R * W, seed_ + 2, -2.f, 2.f), dt);
+  Mirror y = mir.Make(R * W * DTypeSize(dt));
+  ASSERT_OK(cpu_->RopeForward(a, y.ref.data(), x.ref.data()));
+  ASSERT_OK(gpu_->RopeForward(a, y.gpu.data(), x.gpu.data()));
+  EXPECT_CLOSE(mir, y, dt, Tolerance(dt, OpKind::kReduction), "y at position_offset 2000");
 }
 
 TEST_P(CudaLlamaOpsTest, SwiGluMatchesCpu) {

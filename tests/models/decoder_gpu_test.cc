@@ -2,7 +2,7 @@
 // parameters, the same prompt and then the CPU's greedy tokens fed one per
 // step: the logits of every position agree within the dtype's bound, the
 // greedy choices agree (but where the CPU's two largest logits are within
-// that bound), and a second run gives the same bits.
+// that bound), and a second run gives the same bits; for GPT-2 and a Llama.
 #include <string>
 #include <vector>
 
@@ -38,17 +38,10 @@ std::vector<float> Decode(kernels::Backend* be, ResidentModel& m, DType dt, cons
   return all;
 }
 
-class CudaDecoderTest : public ::testing::TestWithParam<DType> {};
-
-TEST_P(CudaDecoderTest, MatchesTheCpu) {
-  if (!::strata::testing::GpuTestsOnCpu()) STRATA_SKIP_WITHOUT_GPU();
-  const DType dt = GetParam();
-  const uint64_t seed = ::strata::testing::TestSeed(17);
-  SCOPED_TRACE(::strata::testing::SeedNote(seed));
-  ASSERT_OK_AND_ASSIGN(auto gpu, ::strata::testing::MakeBackendUnderTest());
+void ExpectMatchesTheCpu(kernels::Backend* gpu, const ModelSpec& spec, DType dt, uint64_t seed) {
   auto cpu = kernels::MakeCpuBackend(0);
-  auto mc = RandomModel(cpu.get(), DecoderTestConfig(), dt, seed);
-  auto mg = RandomModel(gpu.get(), DecoderTestConfig(), dt, seed);
+  auto mc = RandomModel(cpu.get(), spec, dt, seed);
+  auto mg = RandomModel(gpu, spec, dt, seed);
   ASSERT_TRUE(mc && mg);
   const int64_t V = mc->spec().vocab_size, T = mc->spec().max_seq, P = 7;
   // The CPU's greedy continuation of a prompt.
@@ -65,7 +58,7 @@ TEST_P(CudaDecoderTest, MatchesTheCpu) {
       }
     }
   }
-  const std::vector<float> c = Decode(cpu.get(), *mc, dt, seq, P), g = Decode(gpu.get(), *mg, dt, seq, P);
+  const std::vector<float> c = Decode(cpu.get(), *mc, dt, seq, P), g = Decode(gpu, *mg, dt, seq, P);
   ASSERT_EQ(c.size(), static_cast<size_t>(T * V));
   ASSERT_EQ(g.size(), c.size());
   const double tol = dt == DType::kF32 ? 5e-5 : 3e-2;
@@ -77,9 +70,30 @@ TEST_P(CudaDecoderTest, MatchesTheCpu) {
     }
   }
   // The GPU's own full recompute agrees with its cache too.
-  const std::vector<float> full = FullLogits(gpu.get(), mg->spec(), dt, UnitParams(*mg), seq);
+  const std::vector<float> full = FullLogits(gpu, mg->spec(), dt, UnitParams(*mg), seq);
   EXPECT_LE(RelErr(std::vector<double>(g.begin(), g.end()), std::vector<double>(full.begin(), full.end())), tol);
-  EXPECT_EQ(Decode(gpu.get(), *mg, dt, seq, P), g) << "a second run gave other bits";
+  EXPECT_EQ(Decode(gpu, *mg, dt, seq, P), g) << "a second run gave other bits";
+}
+
+class CudaDecoderTest : public ::testing::TestWithParam<DType> {};
+
+TEST_P(CudaDecoderTest, MatchesTheCpu) {
+  if (!::strata::testing::GpuTestsOnCpu()) STRATA_SKIP_WITHOUT_GPU();
+  const uint64_t seed = ::strata::testing::TestSeed(17);
+  SCOPED_TRACE(::strata::testing::SeedNote(seed));
+  ASSERT_OK_AND_ASSIGN(auto gpu, ::strata::testing::MakeBackendUnderTest());
+  ExpectMatchesTheCpu(gpu.get(), ::strata::models::testing::Spec(DecoderTestConfig()), GetParam(), seed);
+}
+
+// RMSNorm, RoPE at the cache's positions, SwiGLU, 4:2 grouped-query
+// attention, no position table, an untied head.
+TEST_P(CudaDecoderTest, LlamaMatchesTheCpu) {
+  if (!::strata::testing::GpuTestsOnCpu()) STRATA_SKIP_WITHOUT_GPU();
+  const uint64_t seed = ::strata::testing::TestSeed(31);
+  SCOPED_TRACE(::strata::testing::SeedNote(seed));
+  ASSERT_OK_AND_ASSIGN(auto gpu, ::strata::testing::MakeBackendUnderTest());
+  ASSERT_OK_AND_ASSIGN(ModelSpec spec, LlamaSpec(::strata::models::testing::DecoderTestLlama(false)));
+  ExpectMatchesTheCpu(gpu.get(), spec, GetParam(), seed);
 }
 
 INSTANTIATE_TEST_SUITE_P(DTypes, CudaDecoderTest, ::testing::Values(DType::kF32, DType::kBF16),
