@@ -47,12 +47,23 @@ NvmeStepBound NvmeBoundOf(uint64_t read_bytes, uint64_t write_bytes, double read
 
 namespace {
 
+// The GPT model of shape `m` as the config's model section.
+ModelConfig GptModelConfig(const ModelShape& m) {
+  ModelConfig mc;
+  mc.n_layer = m.layers;
+  mc.n_embd = m.d;
+  mc.n_head = m.heads;
+  mc.vocab_size = m.vocab;
+  mc.seq_len = m.seq;
+  return mc;
+}
+
 BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Backend& be, int64_t accum) {
   BoundRow row;
   row.model = m;
   row.grad_accum = accum;
   Config model_only = DefaultConfig();
-  model_only.model = {m.layers, m.d, m.heads, m.vocab, m.seq};
+  model_only.model = GptModelConfig(m);
   Result<models::ModelSpec> spec = ModelSpecFor(model_only);
   if (!spec.ok()) {
     row.why_not = spec.status().ToString();
@@ -62,7 +73,7 @@ BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Back
   Status last;
   for (int64_t B : {8, 4, 2, 1}) {
     Config c = DefaultConfig();
-    c.model = {m.layers, m.d, m.heads, m.vocab, m.seq};
+    c.model = GptModelConfig(m);
     c.micro_batch = B;
     c.grad_accum = accum;
     c.train_batch_size = B * accum;

@@ -142,7 +142,11 @@ TEST(BenchPlanInputs, GivesTheDryRunsPlan) {
     o.gpu_memory_limit = 2 * kGiB;
     o.host_memory_limit = 6 * kGiB;
     Config& c = o.config;
-    c.model = {12, 768, 12, 50304, 1024};
+    c.model.n_layer = 12;
+    c.model.n_embd = 768;
+    c.model.n_head = 12;
+    c.model.vocab_size = 50304;
+    c.model.seq_len = 1024;
     c.micro_batch = 4;
     c.grad_accum = 2;
     c.train_batch_size = 8;
