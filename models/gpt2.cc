@@ -74,22 +74,12 @@ BlockSpec GptBlock(const GptConfig& c) {
 
 }  // namespace
 
-int64_t GptConfig::Vp() const {
-  return padded_vocab_size > 0 ? padded_vocab_size : (vocab_size + 127) / 128 * 128;
-}
+int64_t GptConfig::Vp() const { return PaddedVocab(vocab_size, padded_vocab_size); }
 
 Status GptConfig::Validate() const {
   auto bad = [](const std::string& what) { return InvalidArgument("GptConfig: " + what); };
-  if (n_layer < 1) return bad("n_layer = " + Str(n_layer) + " must be >= 1");
-  if (n_embd < 1) return bad("n_embd = " + Str(n_embd) + " must be >= 1");
-  if (n_head < 1) return bad("n_head = " + Str(n_head) + " must be >= 1");
-  if (n_embd % n_head != 0)
-    return bad("n_embd = " + Str(n_embd) + " is not a multiple of n_head = " + Str(n_head));
-  if (vocab_size < 1) return bad("vocab_size = " + Str(vocab_size) + " must be >= 1");
-  if (padded_vocab_size != 0 && (padded_vocab_size % 128 != 0 || padded_vocab_size < vocab_size))
-    return bad("padded_vocab_size = " + Str(padded_vocab_size) +
-               " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " + Str(vocab_size));
-  if (seq_len < 1) return bad("seq_len = " + Str(seq_len) + " must be >= 1");
+  RETURN_IF_ERROR(
+      CheckTransformerShape("GptConfig", {n_layer, n_embd, n_head, vocab_size, padded_vocab_size, seq_len}));
   if (!(ln_eps > 0.f) || !std::isfinite(ln_eps))
     return bad("ln_eps = " + std::to_string(ln_eps) + " must be finite and > 0");
   constexpr int64_t kMaxDim = int64_t{1} << 24;

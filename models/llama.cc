@@ -112,26 +112,16 @@ BlockSpec LlamaBlock(const LlamaConfig& c) {
 
 }  // namespace
 
-int64_t LlamaConfig::Vp() const {
-  return padded_vocab_size > 0 ? padded_vocab_size : (vocab_size + 127) / 128 * 128;
-}
+int64_t LlamaConfig::Vp() const { return PaddedVocab(vocab_size, padded_vocab_size); }
 
 Status LlamaConfig::Validate() const {
   auto bad = [](const std::string& what) { return InvalidArgument("LlamaConfig: " + what); };
-  if (n_layer < 1) return bad("n_layer = " + Str(n_layer) + " must be >= 1");
-  if (n_embd < 1) return bad("n_embd = " + Str(n_embd) + " must be >= 1");
-  if (n_head < 1) return bad("n_head = " + Str(n_head) + " must be >= 1");
-  if (n_embd % n_head != 0)
-    return bad("n_embd = " + Str(n_embd) + " is not a multiple of n_head = " + Str(n_head));
+  RETURN_IF_ERROR(
+      CheckTransformerShape("LlamaConfig", {n_layer, n_embd, n_head, vocab_size, padded_vocab_size, seq_len}));
   if (head_dim() % 2 != 0) return bad("head_dim = n_embd / n_head = " + Str(head_dim()) + " must be even (RoPE)");
   if (n_kv_head < 0 || n_head % kv() != 0)
     return bad("n_kv_head = " + Str(n_kv_head) + " must divide n_head = " + Str(n_head));
   if (intermediate_size < 1) return bad("intermediate_size = " + Str(intermediate_size) + " must be >= 1");
-  if (vocab_size < 1) return bad("vocab_size = " + Str(vocab_size) + " must be >= 1");
-  if (padded_vocab_size != 0 && (padded_vocab_size % 128 != 0 || padded_vocab_size < vocab_size))
-    return bad("padded_vocab_size = " + Str(padded_vocab_size) +
-               " must be 0 (automatic) or a multiple of 128 that is >= vocab_size = " + Str(vocab_size));
-  if (seq_len < 1) return bad("seq_len = " + Str(seq_len) + " must be >= 1");
   if (sliding_window > 0 && sliding_window < seq_len)
     return bad("sliding_window = " + Str(sliding_window) + " is shorter than seq_len = " + Str(seq_len) +
                ": attention within a sliding window is not supported (train sequences <= the window)");

@@ -167,4 +167,18 @@ struct ModelSpec {
   std::vector<const ParamSpec*> ParamsOf(int u) const;
 };
 
+// The shape every family's config has, and the checks they share.
+struct TransformerShape {
+  int64_t n_layer = 0, n_embd = 0, n_head = 0;
+  int64_t vocab_size = 0, padded_vocab_size = 0;  // padded 0: automatic
+  int64_t seq_len = 0;
+};
+// The token table's rows: padded_vocab_size when given, else vocab_size
+// rounded up to a multiple of 128.
+int64_t PaddedVocab(int64_t vocab_size, int64_t padded_vocab_size);
+// InvalidArgument "<who>: <field> = <value> ..." for the first of: n_layer,
+// n_embd, n_head, vocab_size, seq_len below 1; n_embd not a multiple of
+// n_head; padded_vocab_size neither 0 nor a multiple of 128 >= vocab_size.
+Status CheckTransformerShape(const std::string& who, const TransformerShape& s);
+
 }  // namespace strata::models
