@@ -12,26 +12,6 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-// Lays out parameters one after another, each at a multiple of kSliceAlign.
-class Layout {
- public:
-  int64_t Take(int64_t numel) {
-    const int64_t at = end_;
-    end_ = AlignSlice(end_ + numel);
-    return at;
-  }
-  int64_t numel() const { return end_; }
-
- private:
-  int64_t end_ = 0;
-};
-
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 ParamInit Normal(double std) { return {ParamInit::kNormal, std}; }
 constexpr ParamInit kZeros{ParamInit::kZeros, 0};
 constexpr ParamInit kOnes{ParamInit::kOnes, 0};
@@ -41,9 +21,9 @@ BlockSpec GptBlock(const GptConfig& c) {
   const double w = 0.02, proj = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   BlockSpec b;
   b.norm_eps = c.ln_eps;
-  Layout l;
+  SliceLayout l;
   auto param = [&](const char* name, std::vector<int64_t> shape, ParamInit init) {
-    const int64_t n = Numel(shape);
+    const int64_t n = ShapeNumel(shape);
     b.params.push_back(BlockParam{name, l.Take(n), std::move(shape), n, init});
   };
   param("ln_1.weight", {C}, kOnes);
@@ -109,11 +89,11 @@ Result<ModelSpec> Gpt2Spec(const GptConfig& c) {
   m.block = GptBlock(c);
 
   auto add = [&m](std::string name, int unit, int64_t offset, std::vector<int64_t> shape, ParamInit init) {
-    const int64_t n = Numel(shape);
+    const int64_t n = ShapeNumel(shape);
     m.params.push_back(ParamSpec{std::move(name), unit, offset, std::move(shape), n, init});
   };
   // Unit 0: the embedding.
-  Layout emb;
+  SliceLayout emb;
   m.embedding.token_offset = emb.Take(m.padded_vocab * C);
   m.embedding.position_offset = emb.Take(c.seq_len * C);
   m.units.push_back(UnitSpec{"emb", UnitKind::kEmbedding, -1, emb.numel()});
@@ -130,7 +110,7 @@ Result<ModelSpec> Gpt2Spec(const GptConfig& c) {
       add("transformer.h." + Str(l) + "." + p.name, u, p.offset, p.shape, p.init);
   }
   // The final unit: ln_f (the LM head is tied to wte).
-  Layout fin;
+  SliceLayout fin;
   m.head.norm_weight_offset = fin.Take(C);
   m.head.norm_bias_offset = fin.Take(C);
   m.head.norm_eps = c.ln_eps;

@@ -13,26 +13,6 @@ namespace {
 
 std::string Str(int64_t v) { return std::to_string(v); }
 
-int64_t Numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
-// Lays out parameters one after another, each at a multiple of kSliceAlign.
-class Layout {
- public:
-  int64_t Take(int64_t numel) {
-    const int64_t at = end_;
-    end_ = AlignSlice(end_ + numel);
-    return at;
-  }
-  int64_t numel() const { return end_; }
-
- private:
-  int64_t end_ = 0;
-};
-
 constexpr ParamInit kZeros{ParamInit::kZeros, 0};
 constexpr ParamInit kOnes{ParamInit::kOnes, 0};
 
@@ -63,14 +43,14 @@ BlockSpec LlamaBlock(const LlamaConfig& c) {
   buffer_order.push_back({{"post_attention_layernorm.weight", {C}, kOnes}});
   buffer_order.push_back({{"mlp.gate_proj.weight", {F, C}, w}, {"mlp.up_proj.weight", {F, C}, w}});
   buffer_order.push_back({{"mlp.down_proj.weight", {C, F}, w}});
-  Layout l;
+  SliceLayout l;
   std::vector<BlockParam> placed;
   for (const Group& g : buffer_order) {
     int64_t total = 0;
-    for (const Def& d : g) total += Numel(d.shape);
+    for (const Def& d : g) total += ShapeNumel(d.shape);
     int64_t at = l.Take(total);
     for (const Def& d : g) {
-      const int64_t n = Numel(d.shape);
+      const int64_t n = ShapeNumel(d.shape);
       placed.push_back(BlockParam{d.name, at, d.shape, n, d.init});
       at += n;
     }
@@ -159,11 +139,11 @@ Result<ModelSpec> LlamaSpec(const LlamaConfig& c) {
   const ParamInit w{ParamInit::kNormal, c.initializer_range};
 
   auto add = [&m](std::string name, int unit, int64_t offset, std::vector<int64_t> shape, ParamInit init) {
-    const int64_t n = Numel(shape);
+    const int64_t n = ShapeNumel(shape);
     m.params.push_back(ParamSpec{std::move(name), unit, offset, std::move(shape), n, init});
   };
   // Unit 0: the token embedding (no position table).
-  Layout emb;
+  SliceLayout emb;
   m.embedding.token_offset = emb.Take(m.padded_vocab * C);
   m.embedding.position_offset = -1;
   m.units.push_back(UnitSpec{"emb", UnitKind::kEmbedding, -1, emb.numel()});
@@ -178,7 +158,7 @@ Result<ModelSpec> LlamaSpec(const LlamaConfig& c) {
       add("model.layers." + Str(l) + "." + p.name, u, p.offset, p.shape, p.init);
   }
   // The final unit: the norm, and the LM head when untied.
-  Layout fin;
+  SliceLayout fin;
   m.head.norm = HeadSpec::Norm::kRmsNorm;
   m.head.norm_weight_offset = fin.Take(C);
   m.head.norm_bias_offset = -1;

@@ -167,6 +167,28 @@ struct ModelSpec {
   std::vector<const ParamSpec*> ParamsOf(int u) const;
 };
 
+// A unit's buffer as a family lays it out: parameters one after another,
+// each at a multiple of kSliceAlign.
+class SliceLayout {
+ public:
+  int64_t Take(int64_t numel) {
+    const int64_t at = end_;
+    end_ = AlignSlice(end_ + numel);
+    return at;
+  }
+  int64_t numel() const { return end_; }
+
+ private:
+  int64_t end_ = 0;
+};
+
+// The elements of a tensor of `shape`.
+inline int64_t ShapeNumel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
 // The shape every family's config has, and the checks they share.
 struct TransformerShape {
   int64_t n_layer = 0, n_embd = 0, n_head = 0;
