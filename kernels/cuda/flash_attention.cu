@@ -1082,9 +1082,7 @@ Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float
     constexpr int kD = decltype(dim)::value;
     // The wgmma kernel and the FMA form keep the max in raw score units:
     // right only for a positive scale (else the Bc 64 kernel without it).
-    // (The wgmma kernel reads q | k | v of H heads each: grouped-query
-    // attention runs the portable kernels.)
-    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f && s.kv() == s.heads)
+    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f)
       return FlashAttentionForwardWgmma(stream, s, scale, out, lse, qkv);
     if (variant.fwd == FlashFwdKernel::kBc64 || variant.fwd == FlashFwdKernel::kWgmma) {
       // The FMA form keeps the max in raw score units: right only for a positive scale.

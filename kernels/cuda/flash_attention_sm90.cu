@@ -1,7 +1,8 @@
 // Causal flash attention forward on Hopper's warpgroup MMA (wgmma, sm_90a):
 // the `v3` variant's forward (cuda_backend.h). Same function and layout as
-// flash_attention.cu's forward (qkv (B, T, 3C), out (B, T, C), lse (B, H, T)
-// natural-log, f32); the backward of `v3` is flash_attention.cu's dS-buffer
+// flash_attention.cu's forward (qkv (B, T, C + 2 KV D): q of H heads, k and
+// v of KV heads, query head h reading key/value head h / (H / KV); out
+// (B, T, C), lse (B, H, T) natural-log, f32); the backward of `v3` is flash_attention.cu's dS-buffer
 // backward, which reads this lse.
 //
 // Block = (b, h, 128 queries), 2 warpgroups of 64 query rows each. K/V tiles
@@ -63,7 +64,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kWgThreads, 1)
     flash_attention_forward_wgmma_kernel(T* __restrict__ out, float* __restrict__ lse,
                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                         float scale_log2) {
+                                         float scale_log2, int KV) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = TileBytes<kD>(kBr), kKVTile = TileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -78,10 +79,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int bh = blockIdx.x, b = bh / H, h = bh % H;
   const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;
   const int row0 = warp * 16;  // this warp's first row in the block
-  const int64_t row_stride = 3LL * C;
+  const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
-  const T* k_g = q_g + C;
-  const T* v_g = q_g + 2 * C;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
 
   // cp.async groups, one per iteration j = 0 .. n_kv: group j brings K_j
   // (and Q with it for j = 0) and V_{j-1}. Iteration j issues S_j = Q K_j^T
@@ -242,7 +243,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kBr));
   kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
-                                             H, D, C, scale * kLog2e);
+                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_wgmma_kernel");
   return Status::OK();
 }
