@@ -156,6 +156,8 @@ TEST_P(CudaGqaTest, SimpleAndEveryFlashVariantMatchCpu) {
     mir.PoisonGpu(dqkv);
     ASSERT_OK(be->AttentionBackward(s, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(),
                                     lse.gpu.as<float>(), ws.data()));
+    // `be` runs on its own stream: wait for it before reading its result.
+    ASSERT_OK(be->Synchronize());
     EXPECT_EQ(mir.GpuBytes(dqkv), first) << "the backward is not deterministic";
   };
   CudaBackendOptions o;
