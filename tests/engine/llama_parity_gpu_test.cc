@@ -28,11 +28,12 @@ class LlamaParityGpu : public ::testing::Test {
   bool one_step_ = false;
 };
 
-// The GPT-2 CUDA bounds (gpt2_parity_gpu_test.cc).
+// The GPT-2 CUDA bounds (gpt2_parity_gpu_test.cc); bf16's loss and update
+// bounds widened to the CPU's measured Llama ones (llama_parity_test.cc).
 const testing::Gpt2ParityTolerance kCudaFp32{
     .loss = 1e-6, .grad_norm = 1e-6, .flat = 1e-2, .near_zero = 2.0, .update = 1e-3, .determined = 0};
 const testing::Gpt2ParityTolerance kCudaBf16{
-    .loss = 6e-4, .grad_norm = 5e-3, .flat = 3.0, .near_zero = 0, .update = 2.5e-2, .determined = 0.3};
+    .loss = 1e-3, .grad_norm = 5e-3, .flat = 3.0, .near_zero = 0, .update = 3e-2, .determined = 0.3};
 
 TEST_F(LlamaParityGpu, Fp32AdamWStepsMatchTransformers) {
   testing::CheckTrainerAgainstGpt2Ref(*ref_, testing::Gpt2RefOptions(*ref_, "cuda", false), kCudaFp32,

@@ -71,9 +71,14 @@ TEST_F(LlamaParity, OffloadedPlacementMatchesToo) {
   testing::CheckTrainerAgainstGpt2Ref(*ref_, o, kFp32, "llama cpu fp32 offloaded", one_step());
 }
 
-// bf16 parameters and activations, fp32 gradients and masters: bounds as GPT-2's.
+// bf16 parameters and activations, fp32 gradients and masters. Bounds about
+// twice the worst error the correct code showed on seven draws of the fixture
+// (make_llama_ref.py --seed 1..6 with transformers 4.44, and the shipped file
+// from transformers 5.17): loss rel 5.3e-4, gradient norm rel 1.7e-3, the
+// three steps' update as a whole rel 1.55e-2 (RMSNorm weights: updates of
+// about 3e-3 on weights near 1, where bf16's spacing is 7.8e-3).
 const testing::Gpt2ParityTolerance kBf16{
-    .loss = 3e-4, .grad_norm = 2.5e-3, .flat = 3.0, .near_zero = 0, .update = 1.2e-2, .determined = 0.3};
+    .loss = 1e-3, .grad_norm = 3.5e-3, .flat = 3.0, .near_zero = 0, .update = 3e-2, .determined = 0.3};
 
 TEST_F(LlamaParity, Bf16AdamWStepsTrackTransformers) {
   TrainOptions o = testing::Gpt2RefOptions(*ref_, "cpu", /*bf16=*/false);
