@@ -63,6 +63,17 @@ nlohmann::json SumJson(const FileSum& s) { return {{"crc32c", Crc32cHex(s.crc32c
 
 using FileSums = std::map<std::string, FileSum>;  // file name in the step directory -> its sum
 
+}  // namespace
+
+std::vector<size_t> CheckpointUnitReads(const models::ModelSpec& model) {
+  std::vector<size_t> out;
+  for (const ParamSpec& t : model.params)
+    if (out.empty() || out.back() != static_cast<size_t>(t.unit)) out.push_back(static_cast<size_t>(t.unit));
+  return out;
+}
+
+namespace {
+
 // master.safetensors, optimizer.safetensors and the Hugging Face weights of
 // `shards`, streamed: one unit's master/m/v read at a time, each parameter
 // appended to the three.
@@ -85,7 +96,7 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
   ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/" + kMasterFile, mdecl, meta));
   ASSIGN_OR_RETURN(auto ow, SafetensorsWriter::Begin(tmp_dir + "/" + kOptimizerFile, odecl, meta));
   ASSIGN_OR_RETURN(auto hw, HfWeightsWriter::Begin(tmp_dir, model, extras.hf_dtype, extras.hf_max_shard_bytes, meta));
-  size_t loaded = SIZE_MAX;
+  size_t loaded = SIZE_MAX;  // (the reads CheckpointUnitReads lists)
   std::vector<float> w, m, v;
   for (size_t i = 0; i < tensors.size(); ++i) {
     const ParamSpec& t = tensors[i];

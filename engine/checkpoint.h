@@ -85,6 +85,10 @@ struct CheckpointExtras {
 // "step-000040".
 std::string CheckpointStepName(int64_t step);
 
+// The units SaveCheckpoint reads (CheckpointShard::read), in its order: the
+// other ranks of a partitioned state join each read's gather in this order.
+std::vector<size_t> CheckpointUnitReads(const models::ModelSpec& model);
+
 // Writes a checkpoint of `state` under `dir` (created if needed) and returns
 // the step directory's path.
 Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,

@@ -6,6 +6,7 @@
 #include "base/bytes.h"
 #include "comm/mpi_communicator.h"
 #include "comm/rank_env.h"
+#include "engine/model_config.h"
 
 namespace strata {
 
@@ -75,6 +76,44 @@ Status DataParallel::ReduceGradient(void* f32, int64_t numel, void* stream) {
   return comm_->AllReduce(f32, f32, static_cast<size_t>(numel), DType::kF32, comm::ReduceOp::kSum, stream);
 }
 
+Status DataParallel::ReduceScatterGradient(float* f32, int64_t numel, int64_t slice_pad) {
+  const size_t W = static_cast<size_t>(world()), pad = static_cast<size_t>(slice_pad);
+  padded_.assign(W * pad, 0.f);
+  slice_.resize(pad);
+  std::copy(f32, f32 + numel, padded_.begin());
+  RETURN_IF_ERROR(comm_->ReduceScatter(padded_.data(), slice_.data(), pad, DType::kF32, comm::ReduceOp::kSum,
+                                       nullptr));
+  const int64_t off = std::min<int64_t>(numel, slice_pad * rank());
+  const int64_t len = std::min<int64_t>(numel, off + slice_pad) - off;
+  std::copy(slice_.begin(), slice_.begin() + len, f32 + off);
+  return Status::OK();
+}
+
+Status DataParallel::AllGather(const void* send, void* recv, size_t count, DType dtype) {
+  return comm_->AllGather(send, recv, count, dtype, nullptr);
+}
+
+Status DataParallel::SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite) {
+  RETURN_IF_ERROR(comm_->AllReduce(sum_sq, sum_sq, 1, DType::kF64, comm::ReduceOp::kSum, nullptr)
+                      .WithContext("summing the gradient's squared norm over the ranks' slices"));
+  return comm_->AllReduce(nonfinite->data(), nonfinite->data(), nonfinite->size(), DType::kI32, comm::ReduceOp::kSum,
+                          nullptr)
+      .WithContext("summing the non-finite gradient counts over the ranks' slices");
+}
+
+bool PartitionsState(const Config& c) { return c.world_size > 1 && c.zero.stage >= 1; }
+
+uint64_t ReduceScatterBytesPerRank(int world, int64_t params) {
+  if (world <= 1) return 0;
+  return static_cast<uint64_t>(1.0 * (world - 1) / world * 4.0 * static_cast<double>(params));
+}
+
+uint64_t AllGatherBytesPerRank(int world, int64_t params, DType dtype) {
+  if (world <= 1) return 0;
+  return static_cast<uint64_t>(1.0 * (world - 1) / world * static_cast<double>(DTypeSize(dtype)) *
+                               static_cast<double>(params));
+}
+
 uint64_t AllReduceBytesPerRank(int world, int64_t params) {
   if (world <= 1) return 0;
   return static_cast<uint64_t>(2.0 * (world - 1) / world * 4.0 * static_cast<double>(params));
@@ -82,14 +121,36 @@ uint64_t AllReduceBytesPerRank(int world, int64_t params) {
 
 std::string DataParallelNote(const Config& c, int64_t params) {
   const int w = c.world_size;
-  return "data parallel: " + std::to_string(w) + " ranks; each micro-batch step's " +
-         std::to_string(c.micro_batch * w) + " samples split " + std::to_string(c.micro_batch) +
-         " per rank; every rank holds and updates the whole state, so the plan below is each rank's" +
-         (c.zero.stage > 0 ? " (zero_optimization.stage " + std::to_string(c.zero.stage) +
-                                 "'s partitioning across ranks is not implemented yet)"
-                           : std::string()) +
-         "; the gradients are summed over the ranks in the backward: " + FormatBytes(AllReduceBytesPerRank(w, params)) +
-         " sent and as much received per rank per step (a ring all-reduce of fp32)";
+  std::string note = "data parallel: " + std::to_string(w) + " ranks; each micro-batch step's " +
+                     std::to_string(c.micro_batch * w) + " samples split " + std::to_string(c.micro_batch) +
+                     " per rank";
+  if (!PartitionsState(c))
+    return note + "; every rank holds and updates the whole state, so the plan below is each rank's" +
+           "; the gradients are summed over the ranks in the backward: " +
+           FormatBytes(AllReduceBytesPerRank(w, params)) +
+           " sent and as much received per rank per step (a ring all-reduce of fp32)";
+  const int64_t slice = (params + w - 1) / w;  // (per unit in fact: about this many in all)
+  const DType dtype = ComputeDType(c);
+  note += "; zero_optimization.stage " + std::to_string(c.zero.stage) +
+          " partitions each unit's flat state in " + std::to_string(w) +
+          " slices: each rank keeps the fp32 master weights and Adam moments of its slice (about " +
+          std::to_string(slice) + " of " + std::to_string(params) +
+          " parameters), updates it from its slice of the reduce-scattered gradient, and all-gathers the new " +
+          std::string(DTypeName(dtype)) + " parameters";
+  if (c.zero.stage == 1) note += " (stage 1 reduce-scatters too, as stage 2)";
+  if (c.zero.stage == 3)
+    note += " into a transient buffer before each unit's forward and backward (stage 3: no rank keeps the whole "
+            "parameters)";
+  else
+    note += " after the update (every rank keeps the whole parameters)";
+  const uint64_t gather = AllGatherBytesPerRank(w, params, dtype) * (c.zero.stage == 3 ? 2 : 1);
+  note += "; the backward's full-size gradient buffer stays on every rank; the plan below is each rank's; per rank "
+          "per step: " +
+          FormatBytes(ReduceScatterBytesPerRank(w, params)) + " sent and as much received reduce-scattering the fp32 "
+          "gradients, " + (c.zero.stage == 3 ? "about " : "") + FormatBytes(gather) +
+          " sent and as much received all-gathering the parameters" +
+          (c.zero.stage == 3 ? " (forward and backward; a unit still cached is not gathered again)" : "");
+  return note;
 }
 
 std::string DataParallel::Describe(const Config& c, int64_t params) const {

@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "comm/communicator.h"
@@ -71,6 +72,17 @@ class DataParallel {
   // `numel` fp32 values (the backend's memory; `stream` its stream) summed
   // over the ranks in place.
   Status ReduceGradient(void* f32, int64_t numel, void* stream);
+  // ZeRO stages >= 1: `numel` fp32 values (host memory: the CPU backend's)
+  // reduce-scattered in DeepSpeed's flat layout (padded with zeros to world
+  // × slice_pad): the sum over the ranks of [rank × slice_pad, ...) lands in
+  // place in that range of `f32` (the rest keeps this rank's values).
+  Status ReduceScatterGradient(float* f32, int64_t numel, int64_t slice_pad);
+  // `count` elements of `dtype` from every rank into `recv` (world × count,
+  // rank r's at r × count), host memory.
+  Status AllGather(const void* send, void* recv, size_t count, DType dtype);
+  // Partitioned: each rank's statistics of its slices (the squared norm,
+  // the non-finite count per unit) summed over the ranks in place.
+  Status SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite);
 
   // DataParallelNote and "this is rank 0 of 2 (mpi)", for the log.
   std::string Describe(const Config& c, int64_t params) const;
@@ -78,6 +90,7 @@ class DataParallel {
  private:
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
   std::unique_ptr<comm::Communicator> comm_;
+  std::vector<float> padded_, slice_;  // ReduceScatterGradient's buffers
 };
 
 // The ranks on one machine share its host memory and cores: the default
@@ -86,11 +99,18 @@ class DataParallel {
 void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o);
 
 // What c.world_size ranks do, and the bytes each sends and receives per
-// step for the gradients of `params` parameters (a ring all-reduce of fp32:
-// 2 (W - 1) / W × 4 bytes per parameter each way), for --dry-run and the log.
+// step over the communicator for `params` parameters, for --dry-run and the
+// log: stage 0, a ring all-reduce of the fp32 gradients (2 (W - 1) / W × 4
+// bytes per parameter each way); stages >= 1, a reduce-scatter of them
+// ((W - 1) / W × 4) and an all-gather of the compute-dtype parameters
+// ((W - 1) / W × its size).
 std::string DataParallelNote(const Config& c, int64_t params);
 // Those bytes.
 uint64_t AllReduceBytesPerRank(int world, int64_t params);
+uint64_t ReduceScatterBytesPerRank(int world, int64_t params);
+uint64_t AllGatherBytesPerRank(int world, int64_t params, DType dtype);
+// Whether c's ranks partition the state (world_size > 1, zero stage >= 1).
+bool PartitionsState(const Config& c);
 
 // train_batch_size = micro × accumulation × world size, as DeepSpeed
 // checks it: InvalidArgument naming the four values otherwise.

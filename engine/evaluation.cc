@@ -14,6 +14,7 @@ class EvalEnv final : public models::PassEnv {
 
   Result<void*> Acquire(const PassTensor& t, Access) override {
     if (t.role == PassTensor::kCheckpoint) return t.layer % 2 == 0 ? c_.buffers->eval_x.data() : c_.buffers->dx[0].data();
+    if (c_.gather) return c_.gather->Acquire(static_cast<size_t>(t.unit));
     const Shard& sh = c_.state->shard(static_cast<size_t>(t.unit));
     if (sh.kind == models::UnitKind::kBlock && sh.layer + 1 < c_.model->spec().n_layer)
       (void)c_.store->Prefetch(c_.state->shard(static_cast<size_t>(t.unit) + 1).p, TierKind::kGpu);
@@ -22,6 +23,7 @@ class EvalEnv final : public models::PassEnv {
   }
   Status Release(const PassTensor& t, bool) override {
     if (t.role == PassTensor::kCheckpoint) return Status::OK();
+    if (c_.gather) return c_.gather->Release(static_cast<size_t>(t.unit));
     const Shard& sh = c_.state->shard(static_cast<size_t>(t.unit));
     RETURN_IF_ERROR(c_.store->Release(sh.p, TierKind::kGpu, false, c_.backend->native_stream()));
     if (sh.kind == models::UnitKind::kBlock && sh.p_home != TierKind::kGpu && !c_.params_resident)

@@ -15,6 +15,7 @@
 #include "base/status.h"
 #include "engine/data.h"
 #include "engine/model_state.h"
+#include "engine/param_gather.h"
 #include "engine/step_buffers.h"
 #include "kernels/backend.h"
 #include "models/model_program.h"
@@ -29,6 +30,9 @@ struct EvalContext {
   TierStore* store = nullptr;
   kernels::Backend* backend = nullptr;
   bool params_resident = true;  // the plan's: streamed blocks are evicted after use
+  // ZeRO stage 3 across ranks: the parameters are gathered from the ranks'
+  // slices (a collective: every rank evaluates alike); else null.
+  ParamGather* gather = nullptr;
 };
 
 // The mean loss of the first `batches` validation batches of `data`.

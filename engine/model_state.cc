@@ -38,6 +38,14 @@ Status ModelState::CreateShards(const Plan& plan) {
     s.kind = u.kind;
     s.layer = u.layer;
     s.numel = u.numel;
+    s.slice_len = s.slice_pad = u.numel;
+    if (layout_.partitioned()) {
+      const int64_t W = layout_.world;
+      s.partitioned = true;
+      s.slice_pad = (u.numel + W - 1) / W;
+      s.slice_off = std::min<int64_t>(u.numel, s.slice_pad * layout_.rank);
+      s.slice_len = std::min<int64_t>(u.numel, s.slice_off + s.slice_pad) - s.slice_off;
+    }
     // offload_optimizer.ratio < 1: the first plan.optimizer_gpu_shards shards
     // (forward order) keep optimizer state, gradients and parameters on the GPU.
     const bool gpu_state = static_cast<int64_t>(shards_.size()) < plan.optimizer_gpu_shards;
@@ -47,16 +55,23 @@ Status ModelState::CreateShards(const Plan& plan) {
     if (!host_opt) s.p_home = TierKind::kGpu;
     else if (u.kind == UnitKind::kBlock && !plan.params_resident) s.p_home = plan.params;
     else s.p_home = TierKind::kGpu;
-    const Shape shape{u.numel};
-    ASSIGN_OR_RETURN(s.p, store_->Create(s.name + ".p", layout_.dtype, shape, s.p_home));
+    const Shape shape{u.numel}, opt_shape{s.opt_numel()};
+    if (layout_.gathers_params()) {
+      s.p_home = TierKind::kHost;  // (its slice, `ps`)
+    } else {
+      ASSIGN_OR_RETURN(s.p, store_->Create(s.name + ".p", layout_.dtype, shape, s.p_home));
+      param_shard_[s.p.value] = shards_.size();
+    }
     ASSIGN_OR_RETURN(s.g, store_->Create(s.name + ".g", layout_.grad_dtype, shape, s.g_home));
-    ASSIGN_OR_RETURN(s.w, store_->Create(s.name + ".w", DType::kF32, shape, s.opt_home));
-    ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", DType::kF32, shape, s.opt_home));
-    ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", DType::kF32, shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.w, store_->Create(s.name + ".w", DType::kF32, opt_shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", DType::kF32, opt_shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", DType::kF32, opt_shape, s.opt_home));
+    if (s.partitioned) {
+      ASSIGN_OR_RETURN(s.ps, store_->Create(s.name + ".ps", layout_.dtype, opt_shape, TierKind::kHost));
+    }
     if (accum_across && u.kind == UnitKind::kBlock && layout_.grad_dtype != DType::kF32) {
       ASSIGN_OR_RETURN(s.gacc, store_->Create(s.name + ".gacc", DType::kF32, shape, s.g_home));
     }
-    param_shard_[s.p.value] = shards_.size();
     shards_.push_back(std::move(s));
   }
   if (plan.optimizer != TierKind::kGpu)
@@ -88,7 +103,7 @@ Status ModelState::CreateSpeculativeSets() {
   for (Shard& sh : shards_) {
     if (sh.opt_home != TierKind::kHost) continue;
     for (auto [suffix, id] : {std::pair{".w2", &sh.w2}, {".m2", &sh.m2}, {".v2", &sh.v2}}) {
-      Result<TensorId> r = store_->Create(sh.name + suffix, DType::kF32, Shape{sh.numel}, TierKind::kHost);
+      Result<TensorId> r = store_->Create(sh.name + suffix, DType::kF32, Shape{sh.opt_numel()}, TierKind::kHost);
       if (!r.ok())
         return r.status().WithContext("the speculative update's second fp32 master/m/v, which the plan counted");
       *id = *r;
@@ -166,18 +181,50 @@ Status ModelState::InitFromHf(const std::string& from, const std::string& prefix
 
 // ---- state I/O -------------------------------------------------------------------
 
+namespace {
+
+// The compute-dtype rounding of `n` fp32 masters (what the Adam writes).
+std::vector<uint8_t> RoundParams(const float* master, size_t n, DType dtype) {
+  std::vector<uint8_t> p(n * DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    std::memcpy(p.data(), master, n * 4);
+  } else {
+    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
+    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
+  }
+  return p;
+}
+
+// This rank's slice of a whole-unit array, zero-padded to slice_pad.
+std::vector<float> SliceOf(const Shard& s, const float* whole) {
+  std::vector<float> out(static_cast<size_t>(s.slice_pad), 0.f);
+  if (whole) std::copy(whole + s.slice_off, whole + s.slice_off + s.slice_len, out.begin());
+  return out;
+}
+
+}  // namespace
+
 Status ModelState::WriteShardState(size_t si, const float* master, const float* m, const float* v) {
   Shard& s = shards_[si];
   const size_t n = static_cast<size_t>(s.numel);
-  const uint64_t fbytes = n * 4;
-  RETURN_IF_ERROR(store_->Write(s.w, master, fbytes));
+  const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
   std::vector<float> zeros;
-  if (!m || !v) zeros.assign(n, 0.f);
-  RETURN_IF_ERROR(store_->Write(s.m, m ? m : zeros.data(), fbytes));
-  RETURN_IF_ERROR(store_->Write(s.v, v ? v : zeros.data(), fbytes));
+  if (s.partitioned) {
+    const std::vector<float> w_own = SliceOf(s, master), m_own = SliceOf(s, m), v_own = SliceOf(s, v);
+    RETURN_IF_ERROR(store_->Write(s.w, w_own.data(), fbytes));
+    RETURN_IF_ERROR(store_->Write(s.m, m_own.data(), fbytes));
+    RETURN_IF_ERROR(store_->Write(s.v, v_own.data(), fbytes));
+    const std::vector<uint8_t> ps = RoundParams(w_own.data(), w_own.size(), layout_.dtype);
+    RETURN_IF_ERROR(store_->Write(s.ps, ps.data(), ps.size()));
+  } else {
+    RETURN_IF_ERROR(store_->Write(s.w, master, fbytes));
+    if (!m || !v) zeros.assign(n, 0.f);
+    RETURN_IF_ERROR(store_->Write(s.m, m ? m : zeros.data(), fbytes));
+    RETURN_IF_ERROR(store_->Write(s.v, v ? v : zeros.data(), fbytes));
+  }
   RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
   // Gradients start as zeros so that padding never holds garbage.
-  if (zeros.empty()) zeros.assign(n, 0.f);
+  if (zeros.size() != n) zeros.assign(n, 0.f);
   RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), n * DTypeSize(layout_.grad_dtype)));
   // Write-through to the homes that are not the copy written (NVMe state).
   for (TensorId id : {s.g, s.w, s.m, s.v}) {
@@ -190,32 +237,75 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   return Status::OK();
 }
 
+// Written through to an NVMe home (a host copy would be dropped unwritten otherwise).
+Status ModelState::WriteThrough(TensorId id, TierKind home) {
+  if (home != TierKind::kNvme) return Status::OK();
+  ASSIGN_OR_RETURN(Ticket t, store_->Evict(id, TierKind::kHost));
+  return t.Wait();
+}
+
 Status ModelState::WriteParamsFromMaster(size_t si, const float* master) {
   Shard& s = shards_[si];
-  const size_t n = static_cast<size_t>(s.numel);
-  const DType dtype = layout_.dtype;
-  std::vector<uint8_t> p(n * DTypeSize(dtype));
-  if (dtype == DType::kF32) {
-    std::memcpy(p.data(), master, n * 4);
-  } else {
-    uint16_t* h = reinterpret_cast<uint16_t*>(p.data());
-    for (size_t i = 0; i < n; ++i) h[i] = dtype == DType::kBF16 ? FloatToBF16(master[i]) : FloatToHalf(master[i]);
-  }
+  if (!s.p.valid()) return Status::OK();  // stage 3: the slice's `ps` alone
+  const std::vector<uint8_t> p = RoundParams(master, static_cast<size_t>(s.numel), layout_.dtype);
   RETURN_IF_ERROR(store_->Write(s.p, p.data(), p.size()));
-  if (s.p_home == TierKind::kNvme) {  // write-through
-    ASSIGN_OR_RETURN(Ticket t, store_->Evict(s.p, TierKind::kHost));
-    RETURN_IF_ERROR(t.Wait());
-  }
+  return WriteThrough(s.p, s.p_home);
+}
+
+Status ModelState::ReadOwnState(size_t si, float* master, float* m, float* v) {
+  const Shard& s = shards_[si];
+  const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
+  if (master) RETURN_IF_ERROR(store_->Read(s.w, master, fbytes));
+  if (m) RETURN_IF_ERROR(store_->Read(s.m, m, fbytes));
+  if (v) RETURN_IF_ERROR(store_->Read(s.v, v, fbytes));
   return Status::OK();
 }
 
 Status ModelState::ReadShardState(size_t si, float* master, float* m, float* v) {
   const Shard& s = shards_[si];
-  const uint64_t fbytes = static_cast<uint64_t>(s.numel) * 4;
-  if (master) RETURN_IF_ERROR(store_->Read(s.w, master, fbytes));
-  if (m) RETURN_IF_ERROR(store_->Read(s.m, m, fbytes));
-  if (v) RETURN_IF_ERROR(store_->Read(s.v, v, fbytes));
+  if (!s.partitioned) return ReadOwnState(si, master, m, v);
+  if (!gather_) return Internal("ModelState: " + s.name + " is partitioned but no gather is set");
+  const size_t pad = static_cast<size_t>(s.slice_pad);
+  std::vector<float> own(pad), all(pad * static_cast<size_t>(layout_.world));
+  // Every rank asks for the same arrays (the same calls in the same order).
+  for (auto [id, out] : {std::pair{s.w, master}, {s.m, m}, {s.v, v}}) {
+    if (!out) continue;
+    RETURN_IF_ERROR(store_->Read(id, own.data(), pad * 4));
+    RETURN_IF_ERROR(gather_(own.data(), all.data(), pad, DType::kF32)
+                        .WithContext("gathering " + s.name + "'s state from the ranks"));
+    std::copy(all.begin(), all.begin() + s.numel, out);
+  }
   return Status::OK();
+}
+
+Status ModelState::RestoreParams(size_t si) {
+  Shard& s = shards_[si];
+  std::vector<float> master(static_cast<size_t>(s.opt_numel()));
+  RETURN_IF_ERROR(ReadOwnState(si, master.data(), nullptr, nullptr));
+  if (!s.partitioned) return WriteParamsFromMaster(si, master.data());
+  const std::vector<uint8_t> ps = RoundParams(master.data(), master.size(), layout_.dtype);
+  return store_->Write(s.ps, ps.data(), ps.size());
+}
+
+Status ModelState::GatherParams(size_t si) {
+  Shard& s = shards_[si];
+  if (!s.partitioned || !s.p.valid()) return Status::OK();  // (stage 3: gathered at each use)
+  if (!gather_) return Internal("ModelState: " + s.name + " is partitioned but no gather is set");
+  const size_t es = DTypeSize(layout_.dtype), pad = static_cast<size_t>(s.slice_pad);
+  std::vector<uint8_t> all(pad * static_cast<size_t>(layout_.world) * es);
+  {
+    ASSIGN_OR_RETURN(TensorView own, store_->Acquire(s.ps, TierKind::kHost, Access::kRead));
+    Status g = gather_(own.data, all.data(), pad, layout_.dtype);
+    RETURN_IF_ERROR(store_->Release(s.ps, TierKind::kHost, false));
+    RETURN_IF_ERROR(g.WithContext("gathering " + s.name + "'s parameters from the ranks"));
+  }
+  // Into the home copy (the host for an NVMe home, written through): a copy
+  // cached elsewhere becomes stale and is loaded again at its next use.
+  const TierKind at = s.p_home == TierKind::kNvme ? TierKind::kHost : s.p_home;
+  ASSIGN_OR_RETURN(TensorView p, store_->Acquire(s.p, at, Access::kWriteDiscard));
+  std::memcpy(p.data, all.data(), static_cast<size_t>(s.numel) * es);
+  RETURN_IF_ERROR(store_->Release(s.p, at, true));
+  return WriteThrough(s.p, s.p_home);
 }
 
 std::vector<CheckpointShard> ModelState::CheckpointShards() {
@@ -235,7 +325,7 @@ Result<std::vector<float>> ModelState::Parameter(const std::string& hf_name) {
   if (!t.ok()) return NotFound("no parameter named '" + hf_name + "'");
   const size_t si = static_cast<size_t>((*t)->unit);
   std::vector<float> all(static_cast<size_t>(shards_[si].numel));
-  RETURN_IF_ERROR(ReadShardState(si, all.data(), nullptr, nullptr));
+  RETURN_IF_ERROR(ReadShardState(si, all.data(), nullptr, nullptr));  // (partitioned: a collective)
   return std::vector<float>(all.begin() + (*t)->offset, all.begin() + (*t)->offset + (*t)->numel);
 }
 

@@ -8,6 +8,20 @@
 // a Hugging Face file), and reads and writes a shard's state for
 // checkpoints, resume and tests.
 //
+// ZeRO partitioning across data-parallel ranks (engine/data_parallel.h,
+// Layout::world > 1 with zero_stage >= 1): each unit's flat state is split
+// in `world` equal slices of slice_pad = ceil(numel / world) (the last one
+// padded), DeepSpeed's flat partitions; this rank owns [slice_off, slice_off
+// + slice_len) and keeps the fp32 master and Adam moments (and the
+// speculative second set) of that slice alone, homed as the plan says. The
+// optimizer reads the slice of the (reduce-scattered) gradient and writes
+// the slice's new compute-dtype parameters into `ps` (host); GatherParams
+// then all-gathers the ranks' `ps` into the full parameters `p` — at stage
+// 3 there is no `p`: a unit's parameters are gathered into a transient
+// buffer at each use (engine/param_gather.h). Reading a
+// shard's whole state (checkpoints, Parameter) all-gathers it from the
+// ranks, so every rank must make the same such calls in the same order.
+//
 // Who may touch a shard's ids (the speculative update swaps the two sets):
 // the optimizer worker holding the shard, or, when none does, the step
 // thread (under the optimizer pool's lock, or with no job running).
@@ -18,6 +32,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -43,7 +58,19 @@ struct Shard {
   TensorId w2, m2, v2;     // the speculative update's other set (host, f32; invalid when unused)
   TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
   TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
+  // Partitioned (above): this rank's slice of the flat state, and its new
+  // compute-dtype parameters (host, slice_pad). Unpartitioned: the whole
+  // unit (slice_off 0, slice_len = slice_pad = numel) and no `ps`.
+  bool partitioned = false;
+  int64_t slice_off = 0, slice_len = 0, slice_pad = 0;
+  TensorId ps;
+  // The elements w, m, v (and w2, m2, v2) hold.
+  int64_t opt_numel() const { return partitioned ? slice_pad : numel; }
 };
+
+// All-gathers `count` elements of `dtype` from every rank (`recv`: world ×
+// count, rank r's at r × count), host memory; the communicator's collective.
+using GatherFn = std::function<Status(const void* send, void* recv, size_t count, DType dtype)>;
 
 class ModelState {
  public:
@@ -52,6 +79,13 @@ class ModelState {
     DType grad_dtype = DType::kF32;  // gradients the optimizer reads
     int64_t batch = 1, seq = 1, micro_batches = 1;
     bool layer_major = true;  // checkpoints of every micro-batch (else of one)
+    // Data parallelism: this rank of `world`; zero_stage >= 1 with world > 1
+    // partitions the state (above).
+    int rank = 0, world = 1, zero_stage = 0;
+    bool partitioned() const { return world > 1 && zero_stage >= 1; }
+    // Stage 3: the parameters are partitioned too (no shard has `p`: each
+    // use gathers them, engine/param_gather.h).
+    bool gathers_params() const { return partitioned() && zero_stage >= 3; }
   };
   // Creates every tensor with its home from the plan: the shards (the first
   // plan.optimizer_gpu_shards keep optimizer state, gradients and parameters
@@ -62,6 +96,7 @@ class ModelState {
                                                     const Layout& layout, bool speculative);
 
   const models::ModelSpec& spec() const { return spec_; }
+  TierStore* store() const { return store_; }
   const Layout& layout() const { return layout_; }
   size_t size() const { return shards_.size(); }
   Shard& shard(size_t s) { return shards_[s]; }
@@ -84,6 +119,9 @@ class ModelState {
   bool OffloadedGradsOnGpu() const;
   bool OffloadedParamsOnGpu() const;
   bool speculative() const { return speculative_; }
+  // Partitioned: the collective that gathers a shard's slices (set before
+  // any whole-state read or GatherParams).
+  void SetGather(GatherFn gather) { gather_ = std::move(gather); }
 
   // ---- initialization and state I/O ------------------------------------------
   // The family's initialization (models/init.h), shards in parallel.
@@ -98,11 +136,23 @@ class ModelState {
   Status InitFromHf(const std::string& path, const std::string& prefix);
   // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
   // parameters become the master rounded to the compute dtype; the gradients zeros.
+  // Partitioned: this rank's slice of the arrays is written (and the full
+  // parameters, which every rank computes from the same full master).
   Status WriteShardState(size_t s, const float* master, const float* m, const float* v);
   // The master rounded to the compute dtype — what the CPU and GPU Adam write
   // beside it, bit for bit — written into the shard's parameters.
   Status WriteParamsFromMaster(size_t s, const float* master);
+  // Partitioned, the whole arrays are all-gathered from the ranks (a
+  // collective: every rank calls it alike).
   Status ReadShardState(size_t s, float* master, float* m, float* v);
+  // This rank's own master/m/v (opt_numel() each; null: not read).
+  Status ReadOwnState(size_t s, float* master, float* m, float* v);
+  // The parameters rounded again from this rank's master (`p`, or, partitioned,
+  // `ps`): a speculative update's parameters undone.
+  Status RestoreParams(size_t s);
+  // Partitioned: every rank's `ps` all-gathered into the full parameters `p`
+  // (a collective; the step thread, with no optimizer job on the shard).
+  Status GatherParams(size_t s);
   // The shards as the checkpoint code reads and writes them.
   std::vector<CheckpointShard> CheckpointShards();
   // A parameter's fp32 master weights by its Hugging Face name.
@@ -113,6 +163,7 @@ class ModelState {
   Status CreateShards(const Plan& plan);
   Status CreateCheckpoints(const Plan& plan);
   Status CreateSpeculativeSets();
+  Status WriteThrough(TensorId id, TierKind home);
 
   TierStore* store_;
   models::ModelSpec spec_;
@@ -120,6 +171,7 @@ class ModelState {
   std::vector<Shard> shards_;
   size_t gpu_prefix_ = 0;
   bool speculative_ = false;
+  GatherFn gather_;
   std::vector<std::vector<TensorId>> checkpoints_;  // [n_layer + 1][sets]
   std::unordered_map<uint64_t, size_t> param_shard_;  // params TensorId -> shard
 };

@@ -130,9 +130,7 @@ void OptimizerPool::Abort(const Status& why, int64_t step) {
   // them, bit for bit (after the speculative upload into their GPU home).
   for (size_t s : restore) {
     Status st = Upload(s).Wait();
-    std::vector<float> master(static_cast<size_t>(state_->shard(s).numel));
-    if (st.ok()) st = state_->ReadShardState(s, master.data(), nullptr, nullptr);
-    if (st.ok()) st = state_->WriteParamsFromMaster(s, master.data());
+    if (st.ok()) st = state_->RestoreParams(s);  // (partitioned: the slice's, in `ps`)
     if (st.ok()) continue;
     MutexLock lock(&mu_);
     if (error_.ok())
@@ -354,8 +352,8 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
   // missed, redone here in place.
   mu_.Lock();
   auto count = [&]() REQUIRES(mu_) {
-    job_params_ += static_cast<uint64_t>(sh.numel);
-    if (gpu_worker) assist_params_ += static_cast<uint64_t>(sh.numel);
+    job_params_ += static_cast<uint64_t>(sh.slice_len);
+    if (gpu_worker) assist_params_ += static_cast<uint64_t>(sh.slice_len);
   };
   if (wrote) count();
   while (wrote && how.speculative && verdict_ == Judged::kMiss) {

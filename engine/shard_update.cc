@@ -62,9 +62,13 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kGpu, Access::kReadWrite));
   ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kGpu, Access::kReadWrite));
   ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-  ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
-  const optim::AdamShard a = AdamView(static_cast<uint64_t>(sh.numel), static_cast<float*>(w.data), m.data, v.data,
-                                      g.data, lay.grad_dtype, p.data, lay.dtype);
+  // Partitioned (the CPU backend's): the slice's parameters go to `ps`.
+  const TensorId pid = sh.partitioned ? sh.ps : sh.p;
+  const TierKind ptier = sh.partitioned ? TierKind::kHost : TierKind::kGpu;
+  ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, ptier, Access::kWriteDiscard));
+  const void* grad = static_cast<const char*>(g.data) + sh.slice_off * DTypeSize(lay.grad_dtype);
+  const optim::AdamShard a = AdamView(static_cast<uint64_t>(sh.slice_len), static_cast<float*>(w.data), m.data,
+                                      v.data, grad, lay.grad_dtype, p.data, lay.dtype);
   void* s = nullptr;
   if (ctx_.cuda()) {
     s = ctx_.backend->native_stream();
@@ -77,7 +81,7 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   RETURN_IF_ERROR(store->Release(sh.w, TierKind::kGpu, true, s));
   RETURN_IF_ERROR(store->Release(sh.m, TierKind::kGpu, true, s));
   RETURN_IF_ERROR(store->Release(sh.v, TierKind::kGpu, true, s));
-  RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, true, s));
+  RETURN_IF_ERROR(store->Release(pid, ptier, true, sh.partitioned ? nullptr : s));
   return CopyTicket{};
 }
 
@@ -85,14 +89,16 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
   Shard& sh = ctx_.state->shard(s);
   TierStore* store = ctx_.store;
   const ModelState::Layout& lay = ctx_.state->layout();
-  const uint64_t n = static_cast<uint64_t>(sh.numel);
+  const uint64_t n = static_cast<uint64_t>(sh.slice_len);  // (unpartitioned: numel)
   if (how.speculative && sh.opt_home != TierKind::kHost)
     return Internal("a speculative update of " + sh.name + ", whose optimizer state is not on the host");
   if (sh.opt_home == TierKind::kGpu) return UpdateOnGpu(sh, j, how);
 
   // Host optimizer (state on the host or streamed from NVMe through it).
   const bool grad_acquired = sh.g_home != TierKind::kGpu;  // (else it came down into the staging)
-  ASSIGN_OR_RETURN(const void* grad, HostGradient(sh, j.step));
+  ASSIGN_OR_RETURN(const void* whole_grad, HostGradient(sh, j.step));
+  // Partitioned: the rank's slice of the gradient, the one reduced over the ranks.
+  const void* grad = static_cast<const char*>(whole_grad) + sh.slice_off * DTypeSize(lay.grad_dtype);
   const bool spec = how.speculative;
   const Access state_access = spec ? Access::kRead : Access::kReadWrite;
   ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
@@ -105,9 +111,12 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     ASSIGN_OR_RETURN(v2, store->Acquire(sh.v2, TierKind::kHost, Access::kWriteDiscard));
   }
   void* pout = nullptr;
-  const bool p_on_host = sh.p_home != TierKind::kGpu;
+  // Partitioned: the slice's new parameters go to `ps` (host), which the
+  // step thread then all-gathers into `p` (ModelState::GatherParams).
+  const bool p_on_host = sh.partitioned || sh.p_home != TierKind::kGpu;
+  const TensorId pid = sh.partitioned ? sh.ps : sh.p;
   if (p_on_host) {
-    ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kHost, Access::kWriteDiscard));
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, TierKind::kHost, Access::kWriteDiscard));
     pout = p.data;
   } else {
     // The slot's previous upload (two shards ago) has landed.
@@ -130,7 +139,7 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     RETURN_IF_ERROR(store->Release(sh.m2, TierKind::kHost, r.ok()));
     RETURN_IF_ERROR(store->Release(sh.v2, TierKind::kHost, r.ok()));
   }
-  if (p_on_host) RETURN_IF_ERROR(store->Release(sh.p, TierKind::kHost, r.ok()));
+  if (p_on_host) RETURN_IF_ERROR(store->Release(pid, TierKind::kHost, r.ok()));
   RETURN_IF_ERROR(r.status());
   if (sh.opt_home == TierKind::kNvme) {
     // Write-behind: the state goes home while the next shard updates (or
@@ -142,7 +151,7 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     }
   }
   if (p_on_host) {
-    if (sh.p_home == TierKind::kNvme) RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
+    if (!sh.partitioned && sh.p_home == TierKind::kNvme) RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
     return CopyTicket{};
   }
   return UploadParams(sh, j.step, pout);
@@ -188,6 +197,8 @@ Result<CopyTicket> HostShardUpdate::UploadParams(Shard& sh, int64_t job_step, co
 // ---- AssistShardUpdate ----------------------------------------------------------
 
 std::string AssistShardUpdate::Ineligible(const ModelState& state) {
+  if (state.layout().partitioned())
+    return "the state is partitioned across the ranks (ZeRO stage >= 1): the CPU worker updates each slice";
   for (const Shard& sh : state.shards())
     if (sh.opt_home != TierKind::kGpu && (sh.opt_home != TierKind::kHost || sh.p_home != TierKind::kGpu))
       return "it needs the optimizer state on the host and the parameters resident on the GPU";

@@ -59,13 +59,24 @@ Result<void*> StepEnv::Acquire(const PassTensor& t, Access access) {
     params_used_[static_cast<size_t>(t.unit)] = 1;
     if (computes()) RETURN_IF_ERROR(hooks_.before_params(static_cast<size_t>(t.unit), &wait_s_));
   }
+  if (t.role == PassTensor::kParams && state_->layout().gathers_params()) {
+    if (!computes()) return static_cast<void*>(nullptr);  // (not the store's: nothing to schedule)
+    const double t0 = NowSeconds();
+    Result<void*> r = hooks_.acquire_params(static_cast<size_t>(t.unit));
+    wait_s_ += NowSeconds() - t0;
+    return r;
+  }
   const double t0 = NowSeconds();
   Result<void*> r = access_->Acquire(IdOf(t), access);
   wait_s_ += NowSeconds() - t0;
   return r;
 }
 
-Status StepEnv::Release(const PassTensor& t, bool dirty) { return access_->Release(IdOf(t), dirty); }
+Status StepEnv::Release(const PassTensor& t, bool dirty) {
+  if (t.role == PassTensor::kParams && state_->layout().gathers_params())
+    return computes() ? hooks_.release_params(static_cast<size_t>(t.unit)) : Status::OK();
+  return access_->Release(IdOf(t), dirty);
+}
 
 void* StepEnv::ScratchAccumulator(int unit) const {
   switch (state_->shard(static_cast<size_t>(unit)).kind) {
@@ -137,7 +148,11 @@ Status StepEnv::FinishGrad(int unit, void* acc, bool acquired) {
         step_ == options_.inject_nonfinite_step)
       RETURN_IF_ERROR(backend_->Memset(acc, 0xff, 4));  // a NaN (tests)
     if (hooks_.reduce_grad) RETURN_IF_ERROR(hooks_.reduce_grad(u, acc, sh.numel));
-    RETURN_IF_ERROR(backend_->GradStats(acc, DType::kF32, sh.numel, buffers_->sumsq(), buffers_->nonfinite(u)));
+    // Partitioned, the rank's slice alone is reduced: its statistics are
+    // this rank's part of the global ones (summed over the ranks later).
+    void* mine = static_cast<char*>(acc) + sh.slice_off * 4;
+    if (sh.slice_len > 0)
+      RETURN_IF_ERROR(backend_->GradStats(mine, DType::kF32, sh.slice_len, buffers_->sumsq(), buffers_->nonfinite(u)));
   }
   if (!acquired) {
     ASSIGN_OR_RETURN(void* g, access_->Acquire(sh.g, Access::kWriteDiscard));

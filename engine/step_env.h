@@ -89,8 +89,15 @@ class StepEnv final : public models::PassEnv {
     // Data parallelism (engine/data_parallel.h), when set: unit u's fp32
     // gradient (`numel` values in the backend's memory), complete for this
     // rank's micro-batches, is summed over the ranks in place, before its
-    // statistics are taken and it is rounded into the store.
+    // statistics are taken and it is rounded into the store. Partitioned
+    // (engine/model_state.h), only the rank's slice need hold the sum
+    // (reduce-scattered): the statistics are taken over that slice alone.
     std::function<Status(size_t unit, void* f32, int64_t numel)> reduce_grad;
+    // ZeRO stage 3 (ModelState::Layout::gathers_params): unit u's
+    // parameters, gathered from the ranks (engine/param_gather.h), instead
+    // of the store's; and their release.
+    std::function<Result<void*>(size_t unit)> acquire_params;
+    std::function<Status(size_t unit)> release_params;
   };
   struct Options {
     // Tests: a NaN is put into unit `inject_nonfinite_shard`'s gradient as it

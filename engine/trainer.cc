@@ -107,6 +107,10 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(backend, MakeBackend(opt));
   if (c.world_size != 1) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, cuda(), opt.comm_timeout_s));
+    if (PartitionsState(c) && cuda())
+      return Unavailable("zero_optimization.stage " + std::to_string(c.zero.stage) + " across " +
+                           std::to_string(c.world_size) + " ranks partitions the state on the CPU backend only "
+                           "(its slices' updates and collectives use host memory); use stage 0 (replicated) here");
     if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
   }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
@@ -146,7 +150,19 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(StepBuffers b, StepBuffers::Allocate(store->gpu_tier(), spec, z));
   buffers.emplace(std::move(b));
   ModelState::Layout lay{dtype, GradDType(dtype), c.micro_batch, c.model.seq_len, c.grad_accum, shape.layer_major};
+  if (dp) {
+    lay.rank = dp->rank();
+    lay.world = dp->world();
+    lay.zero_stage = c.zero.stage;
+  }
   ASSIGN_OR_RETURN(state, ModelState::Create(store.get(), spec, run.plan, lay, run.mode.speculative));
+  if (lay.partitioned()) {
+    auto gather = [this](const void* send, void* recv, size_t count, DType dt) {
+      return dp->AllGather(send, recv, count, dt);
+    };
+    state->SetGather(gather);
+    if (lay.gathers_params()) param_gather = std::make_unique<ParamGather>(state.get(), backend.get(), gather);
+  }
   const size_t n = static_cast<size_t>(c.grad_accum * c.micro_batch * c.model.seq_len);
   tok_host.resize(n);
   tgt_host.resize(n);
@@ -239,7 +255,17 @@ Status Trainer::Impl::StartStep() {
   StepEnv::Hooks hooks;
   hooks.before_params = [this](size_t s, double* wait_s) { return WaitForUpdate(s, wait_s); };
   hooks.grad_final = [this](size_t s) { return GradFinal(s); };
-  if (dp) hooks.reduce_grad = [this](size_t, void* g, int64_t n) { return dp->ReduceGradient(g, n, stream()); };
+  if (dp && state->layout().partitioned()) {
+    hooks.reduce_grad = [this](size_t u, void* g, int64_t n) {
+      return dp->ReduceScatterGradient(static_cast<float*>(g), n, state->shard(u).slice_pad);
+    };
+  } else if (dp) {
+    hooks.reduce_grad = [this](size_t, void* g, int64_t n) { return dp->ReduceGradient(g, n, stream()); };
+  }
+  if (param_gather) {
+    hooks.acquire_params = [this](size_t u) { return param_gather->Acquire(u); };
+    hooks.release_params = [this](size_t u) { return param_gather->Release(u); };
+  }
   StepEnv::Options eo;
   eo.inject_nonfinite_shard = opt.inject_nonfinite_shard;
   eo.inject_nonfinite_step = opt.inject_nonfinite_step;
@@ -322,6 +348,14 @@ std::string Trainer::PlanTable() const {
   os << "per step (scheduled): H2D " << FormatBytes(t.h2d) << ", D2H " << FormatBytes(t.d2h) << ", NVMe read "
      << FormatBytes(p.nvme_read) << ", NVMe write " << FormatBytes(p.nvme_write) << "\n";
   os << "optimizer update: " << I.run.mode.why << "\n";
+  if (I.state->layout().partitioned()) {
+    uint64_t own = 0;
+    for (const Shard& sh : I.state->shards()) own += static_cast<uint64_t>(sh.slice_len);
+    os << "zero stage " << I.cfg().zero.stage << " across " << I.dp->world() << " ranks: the optimizer state of 1/"
+       << I.dp->world() << " of every unit per rank (" << own << " of " << I.spec.NumParameters()
+       << " parameters on rank " << I.dp->rank() << ")"
+       << (I.param_gather ? "; its parameters too are gathered at each use (ZeRO stage 3)" : "") << "\n";
+  }
   return os.str();
 }
 
@@ -386,7 +420,7 @@ Result<StepReport> Trainer::StepWith(const int32_t* tokens, const int32_t* targe
 Result<double> Trainer::Evaluate(int batches) {
   Impl& I = *impl_;
   const EvalContext ctx{&*I.program, I.state.get(), &*I.buffers, I.store.get(), I.backend.get(),
-                        I.run.plan.params_resident};
+                        I.run.plan.params_resident, I.param_gather.get()};
   double loss = 0;
   RETURN_IF_ERROR(I.Aside([&]() -> Status {
     ASSIGN_OR_RETURN(loss, EvaluateLoss(ctx, I.data.get(), batches));
@@ -398,7 +432,24 @@ Result<double> Trainer::Evaluate(int batches) {
 Status Trainer::Save(const std::string& dir) {
   Impl& I = *impl_;
   // The ranks' states are the same: rank 0 writes it (engine/data_parallel.h).
-  if (!I.leads()) return I.pool->WaitAll(I.step);
+  // Partitioned, the others take part in gathering each unit's state from
+  // the slices, in the order rank 0 reads them.
+  if (!I.leads()) {
+    RETURN_IF_ERROR(I.pool->WaitAll(I.step));
+    if (!I.state->layout().partitioned()) return Status::OK();
+    std::vector<CheckpointShard> shards = I.state->CheckpointShards();
+    return I.Aside([&]() -> Status {
+      std::vector<float> w, m, v;
+      for (size_t si : CheckpointUnitReads(I.spec)) {
+        w.resize(static_cast<size_t>(shards[si].numel));
+        m.resize(w.size());
+        v.resize(w.size());
+        RETURN_IF_ERROR(shards[si].read(w.data(), m.data(), v.data()).WithContext("checkpoint, rank " +
+                                                                                   std::to_string(I.dp->rank())));
+      }
+      return Status::OK();
+    });
+  }
   return I.Aside([&] {
     TrainState ts;
     ts.step = I.step;

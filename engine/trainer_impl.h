@@ -18,6 +18,7 @@
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
 #include "engine/optimizer_pool.h"
+#include "engine/param_gather.h"
 #include "engine/run_log.h"
 #include "engine/save_dir.h"
 #include "engine/shard_update.h"
@@ -64,6 +65,7 @@ struct Trainer::Impl {
   std::unique_ptr<OptimizerCopies> copies;
   std::unique_ptr<HostShardUpdate> host_update;
   std::unique_ptr<AssistShardUpdate> assist_update;
+  std::unique_ptr<ParamGather> param_gather;  // ZeRO stage 3 across ranks, else null
   std::unique_ptr<GradientCounts> counts;  // the update during the backward's
   std::unique_ptr<OptimizerPool> pool;
   StepPrefetcher prefetch;  // the prefetcher and the traffic it will move
@@ -108,6 +110,7 @@ struct Trainer::Impl {
 
   // ---- the step (trainer_step.cc) -------------------------------------------------
   Result<StepReport> RunStep(const int32_t* tokens, const int32_t* targets);
+  Status GatherParams();
   Status ReadyForStep() const;
   Result<int64_t> UploadInputs(const int32_t* tokens, const int32_t* targets);
   Status FinishBackward();

@@ -42,6 +42,21 @@ Status Trainer::Impl::GradFinal(size_t s) {
   return Status::OK();
 }
 
+// Partitioned (ZeRO stages >= 1 across ranks): once every slice has this
+// step's update, each unit's new parameters are all-gathered from the ranks'
+// slices, unit by unit in forward order on this thread (the collectives'
+// one order), so every rank has the whole parameters for the next step, an
+// evaluation or a save. The update itself still overlaps the backward when
+// it runs during it; the post-backward update is waited for here.
+// Stage 3 keeps no whole parameters: the gathered buffers are out of date.
+Status Trainer::Impl::GatherParams() {
+  if (param_gather) param_gather->Invalidate();
+  if (!state->layout().partitioned() || param_gather) return Status::OK();
+  RETURN_IF_ERROR(pool->WaitAll(step));
+  for (size_t s = 0; s < state->size(); ++s) RETURN_IF_ERROR(state->GatherParams(s));
+  return Status::OK();
+}
+
 Status Trainer::Impl::ReadyForStep() const {
   RETURN_IF_ERROR(pool->error());
   RETURN_IF_ERROR(CheckSwapFiles());
@@ -107,8 +122,13 @@ Result<Trainer::Impl::Gradients> Trainer::Impl::ReadLossAndNorm(int64_t valid, d
   RETURN_IF_ERROR(backend->CopyToHost(nonfinite.data(), buffers->nonfinite(0), nonfinite.size() * 4));
   optim::GradStats gs;
   gs.sum_sq = sumsq;
+  if (state->layout().partitioned()) {
+    // Each rank has its slices' statistics: the global ones are their sum,
+    // in one all-reduce each (engine/data_parallel.h).
+    RETURN_IF_ERROR(dp->SumGradStats(&gs.sum_sq, &nonfinite));
+  }
   for (int32_t c : nonfinite) gs.nonfinite += static_cast<uint64_t>(c);
-  g.overflow = gs.overflow() || !std::isfinite(sumsq);
+  g.overflow = gs.overflow() || !std::isfinite(gs.sum_sq);
   g.norm = optim::GlobalGradNorm(gs, scale);
   return g;
 }
@@ -269,6 +289,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   step = next;
   last_clip_one = !g.overflow && optim::ClipCoefficient(g.norm, cfg().gradient_clipping) == 1.0;
   RETURN_IF_ERROR(pool->UpdateGpuPrefix(job, host_update.get()));
+  RETURN_IF_ERROR(GatherParams());
   // Parameters the update has written already start up now (counted in the
   // next step, as they are used there).
   if (job.streaming) RETURN_IF_ERROR(prefetch.prefetcher->Poll());

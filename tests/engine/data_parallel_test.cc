@@ -52,9 +52,18 @@ TEST(DataParallel, DryRunSaysWhatEachRankDoes) {
   ASSERT_OK_AND_ASSIGN(std::string plan, Trainer::DryRun(o));
   EXPECT_THAT(plan, HasSubstr("data parallel: 2 ranks; each micro-batch step's 8 samples split 4 per rank"));
   EXPECT_THAT(plan, HasSubstr("the plan below is each rank's"));
-  EXPECT_THAT(plan, HasSubstr("zero_optimization.stage 2's partitioning across ranks is not implemented yet"));
+  EXPECT_THAT(plan, HasSubstr("zero_optimization.stage 2 partitions each unit's flat state in 2 slices"));
   ASSERT_OK_AND_ASSIGN(models::ModelSpec spec, ModelSpecFor(o.config));
-  EXPECT_THAT(plan, HasSubstr("backward: " + FormatBytes(AllReduceBytesPerRank(2, spec.NumParameters())) +
+  const int64_t P = spec.NumParameters();
+  EXPECT_THAT(plan, HasSubstr("per rank per step: " + FormatBytes(ReduceScatterBytesPerRank(2, P)) +
+                              " sent and as much received reduce-scattering the fp32 gradients, " +
+                              FormatBytes(AllGatherBytesPerRank(2, P, DType::kF32)) +
+                              " sent and as much received all-gathering the parameters"));
+  // Stage 0 stays the replicated all-reduce.
+  o.config.zero.stage = 0;
+  ASSERT_OK_AND_ASSIGN(plan, Trainer::DryRun(o));
+  EXPECT_THAT(plan, HasSubstr("every rank holds and updates the whole state"));
+  EXPECT_THAT(plan, HasSubstr("backward: " + FormatBytes(AllReduceBytesPerRank(2, P)) +
                               " sent and as much received per rank per step"));
   o.config.train_batch_size = 12;
   EXPECT_THAT(Trainer::DryRun(o), StatusIs(StatusCode::kInvalidArgument));

@@ -54,7 +54,9 @@ int World() {
 // `clip` > 0: gradient clipping, which needs the global norm (the update
 // runs after the backward, or on speculation); 0: the update runs during
 // the backward (engine/update_mode.h).
-TrainOptions Tiny(int world, int64_t micro, const std::string& schedule, double clip = 1.0) {
+// `stage`: zero_optimization.stage (>= 1 partitions the state across the
+// ranks; one rank runs every stage alike).
+TrainOptions Tiny(int world, int64_t micro, const std::string& schedule, double clip = 1.0, int stage = 0) {
   TrainOptions o = testing::TinyTrainer(2, 64, 32);
   Config& c = o.config;
   o.backend = "cpu";
@@ -67,6 +69,7 @@ TrainOptions Tiny(int world, int64_t micro, const std::string& schedule, double 
   c.gradient_clipping = clip;
   c.optimizer.weight_decay = 0.1;
   c.trainer.schedule = schedule;
+  c.zero.stage = stage;
   return o;
 }
 
@@ -136,10 +139,11 @@ void Offload(TrainOptions* o, const std::string& nvme, bool bf16) {
 
 enum class Placement { kResident, kOffloaded, kOffloadedBf16 };
 
-void CompareWithOneRank(const std::string& schedule, double clip, Placement where = Placement::kResident) {
+void CompareWithOneRank(const std::string& schedule, double clip, Placement where = Placement::kResident,
+                        int stage = 0) {
   const int w = World();
   ASSERT_GE(w, 2) << "run under mpirun with 2 or more ranks";
-  TrainOptions ref = Tiny(1, kMicro * w, schedule, clip), dp = Tiny(w, kMicro, schedule, clip);
+  TrainOptions ref = Tiny(1, kMicro * w, schedule, clip), dp = Tiny(w, kMicro, schedule, clip, stage);
   testing::TempDir nvme;
   const bool bf16 = where == Placement::kOffloadedBf16;
   if (bf16) ref.config.bf16 = true;  // the reference all resident
@@ -165,6 +169,11 @@ void CompareWithOneRank(const std::string& schedule, double clip, Placement wher
     loss_rel = std::max(loss_rel, std::fabs(b.loss - a.loss) / a.loss);
     norm_rel = std::max(norm_rel, std::fabs(b.grad_norm - a.grad_norm) / a.grad_norm);
   }
+  if (stage >= 1) {
+    EXPECT_THAT(many.plan, HasSubstr("the optimizer state of 1/" + std::to_string(w) + " of every unit per rank"))
+        << many.plan;
+  }
+  std::printf("ZeRO stage %d: ", stage);
   std::printf("%d ranks vs 1, %s, clip %g, %s: losses %.4f..%.4f; largest relative difference: loss %.2e, "
               "grad norm %.2e; parameters: largest difference %.2e\n",
               w, schedule.c_str(), clip,
@@ -185,6 +194,60 @@ TEST(DataParallelRanks, OffloadedGivesTheLossesOfOneRank) {
 }
 TEST(DataParallelRanks, OffloadedBf16GivesTheLossesOfOneRank) {
   CompareWithOneRank("layer-major", 0, Placement::kOffloadedBf16);
+}
+
+// ZeRO stages 1-3 across the ranks (engine/data_parallel.h): each rank
+// updates its slice of every unit from the reduce-scattered gradient and
+// the parameters are all-gathered; the tolerances are stage 0's (the
+// reduce-scatter sums in another order than the all-reduce, the norm is a
+// sum of slice norms: both within the last fp32 bits).
+TEST(DataParallelRanks, ZeroStage1GivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kResident, 1);
+}
+TEST(DataParallelRanks, ZeroStage2GivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kResident, 2);
+}
+TEST(DataParallelRanks, ZeroStage3GivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kResident, 3);
+}
+// Unclipped: each slice is updated during the backward, once its reduced
+// gradient is final (the exact overlapped update).
+TEST(DataParallelRanks, ZeroStage2UnclippedGivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 0, Placement::kResident, 2);
+}
+TEST(DataParallelRanks, ZeroStage2MicroBatchMajorGivesTheLossesOfOneRank) {
+  CompareWithOneRank("micro-batch-major", 1.0, Placement::kResident, 2);
+}
+// The slices' optimizer state on NVMe (in a temp dir), parameters streamed from the host.
+TEST(DataParallelRanks, ZeroStage2OffloadedGivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kOffloaded, 2);
+}
+TEST(DataParallelRanks, ZeroStage1OffloadedBf16GivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 0, Placement::kOffloadedBf16, 1);
+}
+
+// Stage 3: the parameters too are partitioned and gathered at each use.
+TEST(DataParallelRanks, ZeroStage3OffloadedGivesTheLossesOfOneRank) {
+  CompareWithOneRank("layer-major", 1.0, Placement::kOffloaded, 3);
+}
+TEST(DataParallelRanks, ZeroStage3UnclippedMicroBatchMajorGivesTheLossesOfOneRank) {
+  CompareWithOneRank("micro-batch-major", 0, Placement::kResident, 3);
+}
+// An evaluation between steps gathers the parameters as the step does: it
+// gives the loss of the replicated ranks (stage 0, the same batches).
+TEST(DataParallelRanks, ZeroStage3EvaluatesAsStage0) {
+  const int w = World();
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto one, Trainer::Create(Tiny(w, kMicro, "layer-major", 1.0, 0), log));
+  ASSERT_OK_AND_ASSIGN(auto many, Trainer::Create(Tiny(w, kMicro, "layer-major", 1.0, 3), log));
+  EXPECT_THAT(many->PlanTable(), HasSubstr("its parameters too are gathered at each use"));
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_OK(one->Step().status());
+    ASSERT_OK(many->Step().status());
+  }
+  ASSERT_OK_AND_ASSIGN(double a, one->Evaluate(2));
+  ASSERT_OK_AND_ASSIGN(double b, many->Evaluate(2));
+  EXPECT_NEAR(b, a, kLossRel * a);
 }
 
 TEST(DataParallelRanks, BatchRuleIsChecked) {
@@ -246,14 +309,14 @@ std::string SharedDir(comm::Communicator& c, testing::TempDir* mine) {
   return name.data();
 }
 
-TEST(DataParallelRanks, SavedAtSeveralRanksResumesAtOne) {
+void SaveAtSeveralRanksResumeAtOne(int stage) {
   const int w = World();
   ASSERT_OK_AND_ASSIGN(auto c, comm::CreateMpiCommunicator(comm::CommOptions{}));
   testing::TempDir tmp;
   const std::string dir = SharedDir(*c, &tmp);
   const Trained one = Train(Tiny(1, kMicro * w, "layer-major"));  // kSteps uninterrupted
   {
-    TrainOptions o = Tiny(w, kMicro, "layer-major");
+    TrainOptions o = Tiny(w, kMicro, "layer-major", 1.0, stage);
     o.save_dir = dir;
     std::ostringstream log;
     ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
@@ -272,6 +335,11 @@ TEST(DataParallelRanks, SavedAtSeveralRanksResumesAtOne) {
   }
   ASSERT_OK(c->Barrier(nullptr));  // rank 0's directory stays until every rank is done with it
 }
+
+TEST(DataParallelRanks, SavedAtSeveralRanksResumesAtOne) { SaveAtSeveralRanksResumeAtOne(0); }
+// Partitioned: rank 0 writes the whole state, gathered unit by unit from the slices.
+TEST(DataParallelRanks, ZeroStage2SavedAtSeveralRanksResumesAtOne) { SaveAtSeveralRanksResumeAtOne(2); }
+TEST(DataParallelRanks, ZeroStage3SavedAtSeveralRanksResumesAtOne) { SaveAtSeveralRanksResumeAtOne(3); }
 
 // Run alone under `mpirun --enable-recovery` (tests/comm/run_mpi_ranks.sh killed).
 TEST(DataParallelKilledRank, OthersStepEndsWithAnErrorNamingIt) {

@@ -1,0 +1,70 @@
+#include "engine/param_gather.h"
+
+#include <cstring>
+
+namespace strata {
+
+ParamGather::ParamGather(ModelState* state, kernels::Backend* backend, GatherFn gather)
+    : state_(state), backend_(backend), gather_(std::move(gather)) {
+  for (const Shard& sh : state->shards())
+    buffer_bytes_ = std::max(buffer_bytes_, static_cast<size_t>(sh.numel) * DTypeSize(state->layout().dtype));
+}
+
+Result<void*> ParamGather::Acquire(size_t u) {
+  ++clock_;
+  Buffer* free = nullptr;
+  for (Buffer& b : buffers_) {
+    if (b.unit == static_cast<int64_t>(u)) {
+      ++b.holders;
+      b.last_use = clock_;
+      return b.mem.data();
+    }
+    // The least recently used of the free ones, empty ones first.
+    if (b.holders == 0 && (!free || (b.unit < 0 && free->unit >= 0) ||
+                           ((b.unit < 0) == (free->unit < 0) && b.last_use < free->last_use)))
+      free = &b;
+  }
+  if (!free) {
+    ASSIGN_OR_RETURN(kernels::DeviceBuffer mem, backend_->Allocate(buffer_bytes_));
+    buffers_.push_back(Buffer{std::move(mem)});
+    free = &buffers_.back();
+  }
+  free->unit = -1;
+  RETURN_IF_ERROR(Gather(u, free));
+  free->unit = static_cast<int64_t>(u);
+  free->holders = 1;
+  free->last_use = clock_;
+  return free->mem.data();
+}
+
+Status ParamGather::Release(size_t u) {
+  for (Buffer& b : buffers_)
+    if (b.unit == static_cast<int64_t>(u) && b.holders > 0) {
+      --b.holders;
+      return Status::OK();
+    }
+  return Internal("ParamGather: release of " + state_->shard(u).name + "'s parameters, which are not held");
+}
+
+void ParamGather::Invalidate() {
+  for (Buffer& b : buffers_)
+    if (b.holders == 0) b.unit = -1;
+}
+
+Status ParamGather::Gather(size_t u, Buffer* into) {
+  const Shard& sh = state_->shard(u);
+  TierStore* store = state_->store();
+  const size_t es = DTypeSize(state_->layout().dtype), pad = static_cast<size_t>(sh.slice_pad);
+  const size_t W = static_cast<size_t>(state_->layout().world);
+  scratch_.resize(W * pad * es);
+  ASSIGN_OR_RETURN(TensorView own, store->Acquire(sh.ps, TierKind::kHost, Access::kRead));
+  Status g = gather_(own.data, scratch_.data(), pad, state_->layout().dtype);
+  RETURN_IF_ERROR(store->Release(sh.ps, TierKind::kHost, false));
+  RETURN_IF_ERROR(g.WithContext("gathering " + sh.name + "'s parameters from the ranks (ZeRO stage 3)"));
+  RETURN_IF_ERROR(backend_->CopyToDevice(into->mem.data(), scratch_.data(), static_cast<size_t>(sh.numel) * es));
+  gathered_bytes_ += (W - 1) * pad * es;
+  ++gathers_;
+  return Status::OK();
+}
+
+}  // namespace strata
