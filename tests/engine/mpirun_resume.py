@@ -9,7 +9,11 @@ sample sequence is too (docs/training.md, Several ranks). The resumed
 steps' losses must match the uninterrupted one-rank run's within fp32
 reduction-order tolerance (relative 1e-6; about 1e-8 is seen).
 
-usage: mpirun_resume.py MPIEXEC STRATA
+With a ZeRO stage (>= 1 partitions the state across the ranks), every run
+uses it: the 2-rank checkpoint (gathered from the ranks' slices) is
+resharded into 3 slices, or 1.
+
+usage: mpirun_resume.py MPIEXEC STRATA [ZERO_STAGE]
 """
 import json
 import os
@@ -21,10 +25,10 @@ TOL = 1e-6
 STEPS, SAVE_AT, GLOBAL = 4, 2, 6
 
 
-def config(path, ranks):
+def config(path, ranks, stage):
     with open(path, "w") as f:
         json.dump({"train_micro_batch_size_per_gpu": GLOBAL // ranks, "gradient_accumulation_steps": 2,
-                   "steps_per_print": 1, "gradient_clipping": 1.0,
+                   "steps_per_print": 1, "gradient_clipping": 1.0, "zero_optimization": {"stage": stage},
                    "model": {"n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 256, "seq_len": 32},
                    "trainer": {"steps": STEPS, "eval_interval": 0, "eval_batches": 1}}, f)
 
@@ -55,10 +59,11 @@ def losses(log):
 
 def main():
     mpiexec, strata = sys.argv[1], sys.argv[2]
+    stage = int(sys.argv[3]) if len(sys.argv) > 3 else 0
     with tempfile.TemporaryDirectory() as d:
         cfgs = {n: os.path.join(d, f"config{n}.json") for n in (1, 2, 3)}
         for n, p in cfgs.items():
-            config(p, n)
+            config(p, n, stage)
         want = os.path.join(d, "one.jsonl")
         train(mpiexec, strata, 1, cfgs[1], want, [])
         ckpt = os.path.join(d, "ckpt")
@@ -80,7 +85,7 @@ def main():
                     bad.append(f"step {s} at {n} rank(s): {loss} vs {ref[s]}")
         if bad:
             sys.exit("mpirun_resume.py: " + "; ".join(bad))
-    print("mpirun_resume.py: the 2-rank checkpoint continued the one-rank run at 3 ranks and at 1")
+    print(f"mpirun_resume.py: the 2-rank checkpoint (ZeRO stage {stage}) continued the one-rank run at 3 ranks and at 1")
 
 
 if __name__ == "__main__":
