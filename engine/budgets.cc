@@ -42,6 +42,7 @@ PlanInputs MakePlanInputs(const Config& cfg, const models::ModelSpec& m, DType d
   in.optimizer_chunk_params = std::max<uint64_t>(in.layer_params, 1);
   in.optimizer_offload_ratio = zo.offload_optimizer.ratio;
   in.speculative_state = speculative_state;
+  in.zero_partitions = cfg.world_size > 1 && zo.stage >= 1 ? cfg.world_size : 1;  // (the plan is per rank)
   const TierStoreOptions store;
   in.nvme_staging_bytes = static_cast<uint64_t>(store.staging_buffers) * store.staging_chunk_bytes;
   return in;

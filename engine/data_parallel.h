@@ -19,13 +19,27 @@
 //              statistics are taken (engine/step_env.h): the squared norm
 //              and the non-finite counts are then the global batch's on
 //              every rank, as are clipping and the loss scale's verdicts.
-//   state      every rank updates every shard with the same reduced
-//              gradients, so the replicas stay identical without a
-//              broadcast (same initialization: the seed, or the same
-//              checkpoint). zero_optimization.stage's partitioning across
-//              ranks (stages 1-3: optimizer state, gradients, parameters)
-//              is not implemented yet: each rank holds the whole state, and
-//              the plan says so (Describe).
+//   state      zero_optimization.stage 0: every rank updates every shard
+//              with the same reduced gradients, so the replicas stay
+//              identical without a broadcast (same initialization: the
+//              seed, or the same checkpoint).
+//   ZeRO       stages 1-3 (PartitionsState; the CPU backend): each unit's
+//              flat state is split in W equal slices (padded, DeepSpeed's
+//              flat partitions; engine/model_state.h) and rank r keeps the
+//              fp32 master and Adam moments of slice r alone. The final
+//              gradient is reduce-scattered instead (ReduceScatterGradient),
+//              the statistics are the slice's and their global sum is one
+//              all-reduce each after the backward (SumGradStats); each rank
+//              updates its slice, and the new parameters are all-gathered
+//              (AllGather): at stages 1 and 2 into every rank's whole
+//              parameters once the step's update is done, at stage 3 into
+//              a transient buffer at each use (engine/param_gather.h).
+//              Stage 1 reduce-scatters too (it is stage 2 here; neither
+//              frees the backward's full-size gradient buffer). A
+//              checkpoint is gathered unit by unit for rank 0 to write in
+//              the one-rank format, so it resumes at any world size. The
+//              plan is per rank (PlanInputs::zero_partitions) and Describe
+//              says what moves over the communicator per rank per step.
 //   stopping   a stop signal seen by any rank stops every rank after the
 //              same step (AnyStop, checked between steps).
 //

@@ -3,7 +3,9 @@
 // parameters are acquired from the store directly (a streamed block's are
 // prefetched one block ahead and evicted after use), the activations
 // alternate between two GPU buffers, nothing is kept for a backward. It
-// runs between steps, with no optimizer job running (the trainer waits for
+// runs between steps (at ZeRO stage 3 across ranks, the parameters are
+// gathered from the ranks' slices instead: engine/param_gather.h, on every
+// rank alike), with no optimizer job running (the trainer waits for
 // the last update first) and the prefetcher at a cycle start.
 //
 // Thread-safety: the step thread's.

@@ -62,6 +62,9 @@ struct Sizes {
   // parameters are at most (1 - ratio) of all stays on the GPU.
   int64_t K = 0;
   uint64_t gpuN = 0, restN = 0;  // parameters whose optimizer state is on the GPU / offloaded
+  // ... of them this rank keeps the optimizer state of (ZeRO stage >= 1
+  // across ranks: its slice of each unit, 1/zero_partitions; else all).
+  uint64_t opt_gpuN = 0, opt_restN = 0;
   uint64_t Kb = 0;               // blocks among the GPU-state shards
   bool emb_gpu = false, lnf_gpu = false;
   uint64_t param_all = 0;
@@ -100,6 +103,9 @@ Sizes SizesFor(const PlanInputs& in) {
   }
   z.gpuN = PrefixParams(in, z.K);
   z.restN = z.n - z.gpuN;
+  const uint64_t W = static_cast<uint64_t>(std::max(in.zero_partitions, 1));
+  z.opt_gpuN = (z.gpuN + W - 1) / W;
+  z.opt_restN = (z.restN + W - 1) / W;
   z.Kb = static_cast<uint64_t>(std::clamp<int64_t>(z.K - 1, 0, in.n_layer));
   z.emb_gpu = z.K >= 1, z.lnf_gpu = z.K == z.n_shards;
   z.A = static_cast<uint64_t>(std::max<int64_t>(1, in.grad_accum));
@@ -152,7 +158,7 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
   // GPU bytes of the GPU-state shards beyond what this placement keeps there
   // anyway (their optimizer state, their gradients when the others' leave,
   // their blocks' parameters when the others stream).
-  const uint64_t split_gpu = z.gpuN * 12 + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
+  const uint64_t split_gpu = z.opt_gpuN * 12 + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
                              (c.params != kG ? z.gpu_blocks_p : 0);
   int depth = 0;
   if (c.params == kG) {
@@ -177,8 +183,8 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     grow.host = z.restN * (z.gb + z.acc_pp);
   }
   grow.kind = z.gb == 4 ? "gradients (fp32)" : c.grads == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
-  orow.gpu = z.gpuN * 12;
-  (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.restN * 12;
+  orow.gpu = z.opt_gpuN * 12;
+  (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.opt_restN * 12;
   if (c.optimizer == kN && z.restN > 0) orow.host = z.opt_staging;
   p->rows = {prow, grow, orow};
 }
@@ -242,7 +248,7 @@ void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     p->d2h += (z.A - 1) * acc;
     p->h2d += (z.A - 1) * acc;
   }
-  if (c.optimizer == kN) p->nvme_read += z.restN * 12, p->nvme_write += z.restN * 12;
+  if (c.optimizer == kN) p->nvme_read += z.opt_restN * 12, p->nvme_write += z.opt_restN * 12;
   if (c.params == kN) {
     p->nvme_read += 2 * passes * (z.L - z.Kb) * z.layer_p;
     p->nvme_write += z.param_all - z.gpu_blocks_p;
@@ -291,7 +297,7 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
 // page-rounded.
 void AddSpeculativeSet(const PlanInputs& in, const Sizes& z, Plan* p) {
   if (!in.speculative_state || p->optimizer != kH || z.restN == 0) return;
-  p->speculative_bytes = z.restN * 12;
+  p->speculative_bytes = z.opt_restN * 12;
   const uint64_t rounding = 3 * z.n_offloaded * z.align;
   p->speculative_fits = p->host_total + p->speculative_bytes + rounding <= in.host_budget;
   if (!p->speculative_fits) return;

@@ -8,6 +8,8 @@
 //   grads        P × 4 B on the GPU (fp32 accumulation), or P × grad_host_bytes
 //                on the host (bf16 in bf16 training)        GPU | host
 //   optimizer    P × 12 B (fp32 master, m, v)              GPU | host | NVMe
+//                (ZeRO stage >= 1 across W ranks: P / W × 12 B per rank,
+//                PlanInputs::zero_partitions; the plan is then the rank's)
 //                (+ P × 12 B on the host for the speculative update's second
 //                set, when asked for and the host budget has room for it)
 //   checkpoints  (L+1) × A × B×T×C × dtype (each layer's input and the
@@ -92,6 +94,11 @@ struct PlanInputs {
   // pinned host memory, if the chosen placement leaves that much of the host
   // budget. The placement is chosen without it (it is a speed-up, not a need).
   bool speculative_state = false;
+  // ZeRO stage >= 1 across this many ranks (engine/data_parallel.h): each
+  // rank keeps the optimizer state (and its speculative set, and its NVMe
+  // traffic) of 1/zero_partitions of every unit, so the plan is per rank.
+  // 1: the whole state (one rank, or stage 0's replicas).
+  int zero_partitions = 1;
   // The host tier's own allocations beside the state (a row of their own):
   // each is rounded up to `host_alignment`, and with state on NVMe the
   // store's staging buffers take `nvme_staging_bytes`.

@@ -20,6 +20,10 @@
 //                      new parameters in place, and master/m/v come back on
 //                      the same stream after it. Three chunk buffers rotate
 //                      (one going up, one updating, one coming down).
+// With the state partitioned across ranks (engine/model_state.h) the CPU
+// worker updates the rank's slice alone (its slice of the gradient, its
+// master/m/v) and writes the slice's parameters into the shard's `ps`; the
+// GPU-assisted worker is not used then.
 // Both give the same bits (optim/gpu_adam.h), so which worker takes a shard
 // changes nothing but the time. In the CPU backend's stand-in the same
 // pipelines run with the CPU Adam on the stand-in's memory.

@@ -122,8 +122,16 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
     }
     ASSIGN_OR_RETURN(StepReport r, t.Step());
     log->Add(r, store->stats());
-    if (c.trainer.eval_interval > 0 && r.step % c.trainer.eval_interval == 0 && data->val_tokens() && !StopSignal())
-      RETURN_IF_ERROR(validate());
+    if (c.trainer.eval_interval > 0 && r.step % c.trainer.eval_interval == 0 && data->val_tokens()) {
+      // (A signal skips it; at ZeRO stage 3 the evaluation gathers the
+      // parameters from the ranks, so they agree on skipping it.)
+      bool skip = StopSignal() != 0;
+      if (param_gather) {
+        ASSIGN_OR_RETURN(const int sig, stop_signal());
+        skip = sig != 0;
+      }
+      if (!skip) RETURN_IF_ERROR(validate());
+    }
     if (!opt.save_dir.empty() && opt.save_every > 0 && r.step % opt.save_every == 0 && r.step != total)
       RETURN_IF_ERROR(save());
   }

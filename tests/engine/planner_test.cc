@@ -51,6 +51,30 @@ TEST(Planner, ForcedCpuOptimizerIsHonoured) {
   EXPECT_EQ(p.h2d, p.d2h / 2);
 }
 
+// ZeRO stage >= 1 across W ranks: the rank's plan holds 1/W of the
+// optimizer state (its slices), wherever it lives.
+TEST(Planner, PartitionedOptimizerStateIsPerRank) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
+  in.zero_partitions = 3;
+  ASSERT_OK_AND_ASSIGN(Plan third, MakePlan(in));
+  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  auto row = [](const Plan& p, const std::string& kind) {
+    for (const Plan::Row& r : p.rows)
+      if (r.kind.rfind(kind, 0) == 0) return r;
+    ADD_FAILURE() << "no row " << kind;
+    return Plan::Row{};
+  };
+  EXPECT_EQ(row(whole, "optimizer").host, P * 12);
+  EXPECT_EQ(row(third, "optimizer").host, (P + 2) / 3 * 12);
+  // The parameters stay whole (stages 1, 2).
+  EXPECT_EQ(row(third, "parameters").gpu, row(whole, "parameters").gpu);
+  EXPECT_LT(third.host_total, whole.host_total);
+}
+
 TEST(Planner, Gpt67bIn24GiBFitsTheH200Host) {
   // The gpt-6.7b workload: fp32 gradients (27 GB) cannot stay on a 24 GiB
   // GPU, so they leave for the host in bf16; the plan with the least PCIe
