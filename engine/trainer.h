@@ -141,9 +141,14 @@ class Trainer {
   // target is ignored. Tokens outside the vocabulary are InvalidArgument.
   Result<StepReport> StepWith(const int32_t* tokens, const int32_t* targets);
   // Mean validation loss over `batches` validation batches.
+  // With several ranks, Evaluate (ZeRO stage 3), Save and Parameter (ZeRO
+  // stages >= 1) run collectives: every rank calls them alike, in the same
+  // order (engine/data_parallel.h).
   Result<double> Evaluate(int batches);
   // Writes a checkpoint of the current state into `dir` (atomically; with
   // every file's checksum and the Hugging Face files: engine/checkpoint.h).
+  // Rank 0 writes it; with the state partitioned the others join in
+  // gathering it unit by unit.
   Status Save(const std::string& dir);
   // The whole run: steps, logging every steps_per_print (and the JSON log,
   // engine/run_log.h), evaluation, checkpoints. Returns the first error.
