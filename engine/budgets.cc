@@ -25,6 +25,7 @@ PlanInputs MakePlanInputs(const Config& cfg, const models::ModelSpec& m, DType d
   in.param_bytes = DTypeSize(dtype);
   in.checkpoint_bytes = static_cast<uint64_t>(B * T * C) * DTypeSize(dtype);
   in.grad_host_bytes = DTypeSize(GradDType(dtype));
+  in.moment_bytes = DTypeSize(MomentDType(cfg));
   in.grad_accum = cfg.grad_accum;
   in.layer_major = cfg.trainer.schedule != "micro-batch-major";
   in.layer_workspace = block_scratch;

@@ -14,6 +14,7 @@
 #include <map>
 #include <sstream>
 
+#include "base/half.h"
 #include "engine/durable_file.h"
 #include "engine/hf_export.h"
 #include "engine/hf_weights_writer.h"
@@ -74,6 +75,15 @@ std::vector<size_t> CheckpointUnitReads(const models::ModelSpec& model) {
 
 namespace {
 
+// n moment values in the checkpoint's dtype for them (bf16: the values the
+// shard read from bf16, so rounding them back is exact).
+Status AppendMoment(SafetensorsWriter* w, DType dtype, const float* x, size_t n) {
+  if (dtype == DType::kF32) return w->Append(x, n * 4);
+  std::vector<uint16_t> h(n);
+  for (size_t i = 0; i < n; ++i) h[i] = FloatToBF16(x[i]);
+  return w->Append(h.data(), n * 2);
+}
+
 // master.safetensors, optimizer.safetensors and the Hugging Face weights of
 // `shards`, streamed: one unit's master/m/v read at a time, each parameter
 // appended to the three.
@@ -87,9 +97,10 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
   std::vector<SafetensorsWriter::Tensor> mdecl, odecl;
   for (const auto& t : tensors) {
     Shape shape(std::span<const int64_t>(t.shape.data(), t.shape.size()));
+    const DType md = shards[static_cast<size_t>(t.unit)].moment_dtype;
     mdecl.push_back({t.name, DType::kF32, shape});
-    odecl.push_back({"exp_avg." + t.name, DType::kF32, shape});
-    odecl.push_back({"exp_avg_sq." + t.name, DType::kF32, shape});
+    odecl.push_back({"exp_avg." + t.name, md, shape});
+    odecl.push_back({"exp_avg_sq." + t.name, md, shape});
   }
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "strata"},
                                              {"step", std::to_string(state.step)}};
@@ -111,8 +122,8 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
     }
     const size_t off = static_cast<size_t>(t.offset), n = static_cast<size_t>(t.numel);
     RETURN_IF_ERROR(mw->Append(w.data() + off, n * 4));
-    RETURN_IF_ERROR(ow->Append(m.data() + off, n * 4));
-    RETURN_IF_ERROR(ow->Append(v.data() + off, n * 4));
+    RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, m.data() + off, n));
+    RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, v.data() + off, n));
     RETURN_IF_ERROR(hw->Append(i, w.data() + off));
   }
   RETURN_IF_ERROR(mw->Commit());
@@ -382,29 +393,44 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   if (shards.size() != model.units.size())
     return Internal("resume: " + std::to_string(shards.size()) + " shards for a model of " +
                     std::to_string(model.units.size()) + " units");
-  // Validate every tensor of both files before writing anything.
-  auto check = [](const SafetensorsFile& f, const std::string& name, const ParamSpec& t) -> Status {
+  // Validate every tensor of both files before writing anything: masters
+  // f32, moments f32 or bf16 (whichever the run saved them in).
+  auto check = [](const SafetensorsFile& f, const std::string& name, const ParamSpec& t, bool moment) -> Status {
     const SafetensorsEntry* e = f.Find(name);
     if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
     Shape want(std::span<const int64_t>(t.shape.data(), t.shape.size()));
-    if (e->dtype != DType::kF32 || e->shape != want)
+    const bool dtype_ok = e->dtype == DType::kF32 || (moment && e->dtype == DType::kBF16);
+    if (!dtype_ok || e->shape != want)
       return InvalidArgument("tensor '" + name + "' in " + f.path() + " is " + std::string(DTypeName(e->dtype)) + " " +
-                             e->shape.ToString() + ", expected f32 " + want.ToString());
+                             e->shape.ToString() + ", expected " + (moment ? "f32 or bf16 " : "f32 ") +
+                             want.ToString());
     return Status::OK();
   };
   for (const auto& t : tensors) {
-    RETURN_IF_ERROR(check(mf, t.name, t));
-    RETURN_IF_ERROR(check(of, "exp_avg." + t.name, t));
-    RETURN_IF_ERROR(check(of, "exp_avg_sq." + t.name, t));
+    RETURN_IF_ERROR(check(mf, t.name, t, false));
+    RETURN_IF_ERROR(check(of, "exp_avg." + t.name, t, true));
+    RETURN_IF_ERROR(check(of, "exp_avg_sq." + t.name, t, true));
   }
   for (size_t si = 0; si < shards.size(); ++si) {
     const auto& sh = shards[si];
     std::vector<float> w(static_cast<size_t>(sh.numel), 0.f), m(w.size(), 0.f), v(w.size(), 0.f);
     for (const auto& t : tensors) {
       if (static_cast<size_t>(t.unit) != si) continue;
+      // fp32 copied; bf16 widened (exact). The shard's write rounds to its
+      // own moment dtype (engine/model_state.h).
       auto copy = [&](const SafetensorsFile& f, const std::string& name, std::vector<float>& dst) {
-        auto d = f.Data(*f.Find(name));
-        std::memcpy(dst.data() + t.offset, d.data(), d.size());
+        const SafetensorsEntry* e = f.Find(name);
+        auto d = f.Data(*e);
+        if (e->dtype == DType::kF32) {
+          std::memcpy(dst.data() + t.offset, d.data(), d.size());
+          return;
+        }
+        const size_t n = d.size() / 2;
+        for (size_t k = 0; k < n; ++k) {
+          uint16_t h;
+          std::memcpy(&h, d.data() + 2 * k, 2);
+          dst[static_cast<size_t>(t.offset) + k] = BF16ToFloat(h);
+        }
       };
       copy(mf, t.name, w);
       copy(of, "exp_avg." + t.name, m);

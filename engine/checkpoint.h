@@ -5,7 +5,8 @@
 // crc32c of every file).
 //
 //   DIR/step-000040/master.safetensors       fp32 master weights, HF names/layouts (the resume's)
-//   DIR/step-000040/optimizer.safetensors    exp_avg.<name>, exp_avg_sq.<name> (fp32)
+//   DIR/step-000040/optimizer.safetensors    exp_avg.<name>, exp_avg_sq.<name> (the moments' dtype:
+//                                            fp32, or bf16 with bf16.bf16_optimizer_states)
 //   DIR/step-000040/model.safetensors        the HF weights (engine/hf_weights_writer.h) in
 //     or model-0000N-of-0000M.safetensors    trainer.save_dtype (bf16 by default, or fp32),
 //     and model.safetensors.index.json       sharded at trainer.save_max_shard_size (5GB)
@@ -41,6 +42,9 @@
 // Resuming restores the fp32 master weights and moments exactly; the
 // low-precision parameters are the master rounded again (which is what the
 // optimizer had written), so a resumed run continues bit-identically.
+// Moments saved in another dtype than the shards hold are converted: bf16
+// into fp32 exactly, fp32 into bf16 rounded to nearest even (the trainer
+// refuses that config change unless --allow-config-change: engine/config_change.h).
 #pragma once
 
 #include <cstdint>
@@ -59,9 +63,12 @@
 namespace strata {
 
 // One unit of the model as the trainer holds it (engine/model_state.h), in
-// unit order: reads and writes its fp32 master, m and v as host arrays of `numel`.
+// unit order: reads and writes its fp32 master, m and v as host arrays of
+// `numel` (the moments widened from, and rounded to, `moment_dtype`, which
+// is the dtype the checkpoint stores them in).
 struct CheckpointShard {
   int64_t numel = 0;
+  DType moment_dtype = DType::kF32;  // kF32 or kBF16
   std::function<Status(float* master, float* m, float* v)> read;
   std::function<Status(const float* master, const float* m, const float* v)> write;
 };

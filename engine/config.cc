@@ -62,25 +62,38 @@ const Section<Fp16Config>& Fp16Section() {
 // "bf16": {"enabled": ...}, into Config::bf16.
 const Section<Config>& Bf16Section() {
   static const Section<Config> s = {
-      {Flag("enabled", &Config::bf16)},
+      {Flag("enabled", &Config::bf16), Flag("bf16_optimizer_states", &Config::bf16_optimizer_states)},
       {
           {"immediate_grad_update", Policy::kWarn, "gradient update timing only"},
           {"check_grad_overflow", Policy::kWarn, "strata always checks gradients"},
+          {"bf16_master_weights_and_grads", Policy::kErrorIfEnabled,
+           "strata keeps fp32 master weights; bf16 masters change the optimizer's arithmetic"},
       }};
   return s;
+}
+
+// bf16 moments belong to bf16 training (DeepSpeed reads its bf16 section
+// only when bf16 is enabled): asked for without it is an error, not ignored.
+Status CheckBf16OptimizerStates(Obj& o, const Config* c) {
+  if (c->bf16_optimizer_states && !c->bf16)
+    return o.Fail("bf16.bf16_optimizer_states is true but bf16.enabled is not: the bf16 section, and its bf16 Adam "
+                  "moments, apply to bf16 training; enable bf16 or remove bf16_optimizer_states");
+  return Status::OK();
 }
 
 // After "bf16": the fp16/bf16 conflict, and DeepSpeed's alias "bfloat16".
 Status ReadBfloat16(Obj& o, Config* c, Ctx* ctx) {
   if (c->bf16 && c->fp16.enabled) return o.Fail("bf16.enabled and fp16.enabled are both true; choose one");
-  if (!o.Has("bfloat16")) return Status::OK();
+  if (!o.Has("bfloat16")) return CheckBf16OptimizerStates(o, c);
   if (o.Has("bf16")) {
     (void)o.Take("bfloat16");
     return o.Fail("both \"bf16\" and its alias \"bfloat16\" are given; keep one");
   }
   ASSIGN_OR_RETURN(Obj b, o.Child("bfloat16"));
   RETURN_IF_ERROR(b.Bool("enabled", &c->bf16));
-  return b.Finish({});
+  RETURN_IF_ERROR(b.Bool("bf16_optimizer_states", &c->bf16_optimizer_states));
+  RETURN_IF_ERROR(b.Finish({}));
+  return CheckBf16OptimizerStates(o, c);
 }
 
 Status CheckAdamWMode(Obj& p, OptimizerConfig* c, Ctx*) {

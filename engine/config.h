@@ -228,6 +228,11 @@ struct Config {
   int world_size = 1;
   Fp16Config fp16;
   bool bf16 = false;
+  // bf16.bf16_optimizer_states (DeepSpeed's name): the Adam moments m and v
+  // stored in bf16 (rounded to nearest even after each update, computed in
+  // fp32); the master weights stay fp32. 8 bytes of optimizer state per
+  // parameter instead of 12. Needs bf16.enabled.
+  bool bf16_optimizer_states = false;
   OptimizerConfig optimizer;
   SchedulerConfig scheduler;
   // 0 = off: DeepSpeed's code (GRADIENT_CLIPPING_DEFAULT); its docs say 1.0.

@@ -57,6 +57,14 @@ bool Same(const std::string& key, const json& a, const json& b) {
   return a == b;
 }
 
+// Keys added after checkpoints were first written, with the value a
+// manifest without them meant: absent there and this value here is no change.
+const json* AddedLaterDefault(const std::string& key) {
+  static const json kFalse = false;
+  if (key == "bf16.bf16_optimizer_states") return &kFalse;
+  return nullptr;
+}
+
 std::string Text(const json* v) {
   if (!v) return "(absent)";
   return PrintableText(v->dump(-1, ' ', false, json::error_handler_t::replace), 60);
@@ -71,6 +79,7 @@ std::vector<ConfigChange> ConfigChanges(const json& recorded, const json& now) {
   std::vector<ConfigChange> out;
   auto add = [&](const std::string& key, const json* x, const json* y) {
     if (x && y && Same(key, *x, *y)) return;
+    if (const json* d = AddedLaterDefault(key); d && (x ? !y && Same(key, *x, *d) : y && Same(key, *y, *d))) return;
     out.push_back({key, Text(x), Text(y), !KeepsTheBits(key)});
   };
   for (const auto& [key, v] : a) {

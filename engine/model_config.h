@@ -54,6 +54,10 @@ DType ComputeDType(const Config& c);
 // all placements compute the same update.
 inline DType GradDType(DType compute) { return compute == DType::kBF16 ? DType::kBF16 : DType::kF32; }
 
+// The Adam moments' storage dtype: bf16 with bf16.bf16_optimizer_states,
+// else fp32. (The master weights are fp32 either way.)
+inline DType MomentDType(const Config& c) { return c.bf16_optimizer_states ? DType::kBF16 : DType::kF32; }
+
 // FLOPs per trained token as the MFU convention counts them: 6 N for the
 // parameter GEMMs forward and backward, plus 12 L d T for attention.
 double ModelFlopsPerToken(const models::ModelSpec& m, int64_t seq);

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <mutex>
 #include <thread>
+#include <tuple>
 
 #include <tbb/parallel_for.h>
 #include <tbb/task_arena.h>
@@ -64,8 +65,8 @@ Status ModelState::CreateShards(const Plan& plan) {
     }
     ASSIGN_OR_RETURN(s.g, store_->Create(s.name + ".g", layout_.grad_dtype, shape, s.g_home));
     ASSIGN_OR_RETURN(s.w, store_->Create(s.name + ".w", DType::kF32, opt_shape, s.opt_home));
-    ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", DType::kF32, opt_shape, s.opt_home));
-    ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", DType::kF32, opt_shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", layout_.moment_dtype, opt_shape, s.opt_home));
+    ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", layout_.moment_dtype, opt_shape, s.opt_home));
     if (s.partitioned) {
       ASSIGN_OR_RETURN(s.ps, store_->Create(s.name + ".ps", layout_.dtype, opt_shape, TierKind::kHost));
     }
@@ -102,10 +103,11 @@ Status ModelState::CreateCheckpoints(const Plan& plan) {
 Status ModelState::CreateSpeculativeSets() {
   for (Shard& sh : shards_) {
     if (sh.opt_home != TierKind::kHost) continue;
-    for (auto [suffix, id] : {std::pair{".w2", &sh.w2}, {".m2", &sh.m2}, {".v2", &sh.v2}}) {
-      Result<TensorId> r = store_->Create(sh.name + suffix, DType::kF32, Shape{sh.opt_numel()}, TierKind::kHost);
+    const DType md = layout_.moment_dtype;
+    for (auto [suffix, id, dt] : {std::tuple{".w2", &sh.w2, DType::kF32}, {".m2", &sh.m2, md}, {".v2", &sh.v2, md}}) {
+      Result<TensorId> r = store_->Create(sh.name + suffix, dt, Shape{sh.opt_numel()}, TierKind::kHost);
       if (!r.ok())
-        return r.status().WithContext("the speculative update's second fp32 master/m/v, which the plan counted");
+        return r.status().WithContext("the speculative update's second master/m/v, which the plan counted");
       *id = *r;
     }
   }
@@ -202,6 +204,29 @@ std::vector<float> SliceOf(const Shard& s, const float* whole) {
   return out;
 }
 
+// A moment tensor from n fp32 values (null: zeros), in its dtype (bf16:
+// rounded to nearest even, as the Adam stores them).
+Status WriteMoment(TierStore* store, TensorId id, DType dtype, const float* x, size_t n) {
+  if (dtype == DType::kF32) {
+    if (x) return store->Write(id, x, n * 4);
+    const std::vector<float> zeros(n, 0.f);
+    return store->Write(id, zeros.data(), n * 4);
+  }
+  std::vector<uint16_t> h(n, 0);  // bf16 zero
+  if (x)
+    for (size_t i = 0; i < n; ++i) h[i] = FloatToBF16(x[i]);
+  return store->Write(id, h.data(), n * 2);
+}
+
+// n fp32 values of a moment tensor (bf16 widened: exact).
+Status ReadMoment(TierStore* store, TensorId id, DType dtype, float* x, size_t n) {
+  if (dtype == DType::kF32) return store->Read(id, x, n * 4);
+  std::vector<uint16_t> h(n);
+  RETURN_IF_ERROR(store->Read(id, h.data(), n * 2));
+  for (size_t i = 0; i < n; ++i) x[i] = BF16ToFloat(h[i]);
+  return Status::OK();
+}
+
 }  // namespace
 
 Status ModelState::WriteShardState(size_t si, const float* master, const float* m, const float* v) {
@@ -212,15 +237,14 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   if (s.partitioned) {
     const std::vector<float> w_own = SliceOf(s, master), m_own = SliceOf(s, m), v_own = SliceOf(s, v);
     RETURN_IF_ERROR(store_->Write(s.w, w_own.data(), fbytes));
-    RETURN_IF_ERROR(store_->Write(s.m, m_own.data(), fbytes));
-    RETURN_IF_ERROR(store_->Write(s.v, v_own.data(), fbytes));
+    RETURN_IF_ERROR(WriteMoment(store_, s.m, layout_.moment_dtype, m_own.data(), m_own.size()));
+    RETURN_IF_ERROR(WriteMoment(store_, s.v, layout_.moment_dtype, v_own.data(), v_own.size()));
     const std::vector<uint8_t> ps = RoundParams(w_own.data(), w_own.size(), layout_.dtype);
     RETURN_IF_ERROR(store_->Write(s.ps, ps.data(), ps.size()));
   } else {
     RETURN_IF_ERROR(store_->Write(s.w, master, fbytes));
-    if (!m || !v) zeros.assign(n, 0.f);
-    RETURN_IF_ERROR(store_->Write(s.m, m ? m : zeros.data(), fbytes));
-    RETURN_IF_ERROR(store_->Write(s.v, v ? v : zeros.data(), fbytes));
+    RETURN_IF_ERROR(WriteMoment(store_, s.m, layout_.moment_dtype, m, n));
+    RETURN_IF_ERROR(WriteMoment(store_, s.v, layout_.moment_dtype, v, n));
   }
   RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
   // Gradients start as zeros so that padding never holds garbage.
@@ -254,10 +278,10 @@ Status ModelState::WriteParamsFromMaster(size_t si, const float* master) {
 
 Status ModelState::ReadOwnState(size_t si, float* master, float* m, float* v) {
   const Shard& s = shards_[si];
-  const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
-  if (master) RETURN_IF_ERROR(store_->Read(s.w, master, fbytes));
-  if (m) RETURN_IF_ERROR(store_->Read(s.m, m, fbytes));
-  if (v) RETURN_IF_ERROR(store_->Read(s.v, v, fbytes));
+  const size_t n = static_cast<size_t>(s.opt_numel());
+  if (master) RETURN_IF_ERROR(store_->Read(s.w, master, n * 4));
+  if (m) RETURN_IF_ERROR(ReadMoment(store_, s.m, layout_.moment_dtype, m, n));
+  if (v) RETURN_IF_ERROR(ReadMoment(store_, s.v, layout_.moment_dtype, v, n));
   return Status::OK();
 }
 
@@ -268,9 +292,10 @@ Status ModelState::ReadShardState(size_t si, float* master, float* m, float* v) 
   const size_t pad = static_cast<size_t>(s.slice_pad);
   std::vector<float> own(pad), all(pad * static_cast<size_t>(layout_.world));
   // Every rank asks for the same arrays (the same calls in the same order).
-  for (auto [id, out] : {std::pair{s.w, master}, {s.m, m}, {s.v, v}}) {
+  for (auto [id, out, dt] : {std::tuple{s.w, master, DType::kF32}, {s.m, m, layout_.moment_dtype},
+                             {s.v, v, layout_.moment_dtype}}) {
     if (!out) continue;
-    RETURN_IF_ERROR(store_->Read(id, own.data(), pad * 4));
+    RETURN_IF_ERROR(ReadMoment(store_, id, dt, own.data(), pad));  // (f32: the master too)
     RETURN_IF_ERROR(gather_(own.data(), all.data(), pad, DType::kF32)
                         .WithContext("gathering " + s.name + "'s state from the ranks"));
     std::copy(all.begin(), all.begin() + s.numel, out);
@@ -313,6 +338,7 @@ std::vector<CheckpointShard> ModelState::CheckpointShards() {
   for (size_t i = 0; i < shards_.size(); ++i) {
     CheckpointShard c;
     c.numel = shards_[i].numel;
+    c.moment_dtype = layout_.moment_dtype;
     c.read = [this, i](float* w, float* m, float* v) { return ReadShardState(i, w, m, v); };
     c.write = [this, i](const float* w, const float* m, const float* v) { return WriteShardState(i, w, m, v); };
     out.push_back(std::move(c));

@@ -1,8 +1,9 @@
 // ModelState: the model's training state in the tier store. One shard per
 // unit of the model (models/model_spec.h: the embedding, each block, the
 // final unit), each with its parameters (compute dtype), gradients (the
-// optimizer's gradient dtype), fp32 master weights and Adam moments — and,
-// for the speculative update, a second fp32 master/m/v — homed where the
+// optimizer's gradient dtype), fp32 master weights and Adam moments (fp32,
+// or bf16 with Layout::moment_dtype) — and, for the speculative update, a
+// second master/m/v of the same dtypes — homed where the
 // plan says; and the activation checkpoints (each layer's input, per
 // micro-batch set). It creates them, initializes them (from scratch or from
 // a Hugging Face file), and reads and writes a shard's state for
@@ -54,8 +55,8 @@ struct Shard {
   models::UnitKind kind = models::UnitKind::kBlock;
   int layer = -1;
   int64_t numel = 0;
-  TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master, exp_avg, exp_avg_sq (f32)
-  TensorId w2, m2, v2;     // the speculative update's other set (host, f32; invalid when unused)
+  TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master (f32), exp_avg, exp_avg_sq (moment dtype)
+  TensorId w2, m2, v2;     // the speculative update's other set (host, same dtypes; invalid when unused)
   TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
   TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
   // Partitioned (above): this rank's slice of the flat state, and its new
@@ -86,6 +87,7 @@ class ModelState {
     // Stage 3: the parameters are partitioned too (no shard has `p`: each
     // use gathers them, engine/param_gather.h).
     bool gathers_params() const { return partitioned() && zero_stage >= 3; }
+    DType moment_dtype = DType::kF32;  // exp_avg, exp_avg_sq: kF32, or kBF16 (bf16.bf16_optimizer_states)
   };
   // Creates every tensor with its home from the plan: the shards (the first
   // plan.optimizer_gpu_shards keep optimizer state, gradients and parameters
@@ -134,8 +136,10 @@ class ModelState {
   // a time into the store (each unit where the plan homes it), one weights
   // file mapped at a time.
   Status InitFromHf(const std::string& path, const std::string& prefix);
-  // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros); the
-  // parameters become the master rounded to the compute dtype; the gradients zeros.
+  // master/m/v as host fp32 arrays of shard.numel (m/v null: zeros; bf16
+  // moments are rounded to nearest even, exact for values read from bf16);
+  // the parameters become the master rounded to the compute dtype; the
+  // gradients zeros. ReadShardState widens bf16 moments to fp32 (exact).
   // Partitioned: this rank's slice of the arrays is written (and the full
   // parameters, which every rank computes from the same full master).
   Status WriteShardState(size_t s, const float* master, const float* m, const float* v);

@@ -38,6 +38,9 @@ namespace {
 Status CheckInputs(const PlanInputs& in) {
   if (in.n_layer < 1 || in.layer_params == 0 || in.param_bytes == 0)
     return InvalidArgument("planner: the model has no layers or parameters");
+  if (in.moment_bytes != 4 && in.moment_bytes != 2)
+    return InvalidArgument("planner: " + std::to_string(in.moment_bytes) +
+                           " bytes per Adam moment is not allowed (allowed: 4 for fp32, 2 for bf16)");
   for (const auto* d : {&in.offload_param, &in.offload_optimizer})
     if (*d != "none" && *d != "cpu" && *d != "nvme")
       return InvalidArgument("planner: offload device \"" + *d + "\" is not allowed (allowed: none, cpu, nvme)");
@@ -71,6 +74,8 @@ struct Sizes {
   // Gradients are stored in one dtype wherever they live (fp32 accumulation
   // happens in the working set's accumulator).
   uint64_t gb = 4, grad_gpu_all = 0;
+  // Optimizer state per parameter: the fp32 master and the two moments.
+  uint64_t opt_pp = 12;
   // One layer's inputs: of all micro-batches (layer-major) or of the one in
   // flight (micro-batch-major); the residual-stream gradients likewise.
   uint64_t ck_set = 0, ck_sets = 0;  // x_0 .. x_L
@@ -112,6 +117,7 @@ Sizes SizesFor(const PlanInputs& in) {
   z.param_all = z.n * in.param_bytes;
   z.gb = in.grad_host_bytes;
   z.grad_gpu_all = z.n * z.gb;
+  z.opt_pp = 4 + 2 * in.moment_bytes;
   z.ck_set = (in.layer_major ? z.A : 1) * in.checkpoint_bytes;
   z.acc_pp = !in.layer_major && z.A > 1 && z.gb != 4 ? 4 : 0;
   z.acc_all = z.n * z.acc_pp;
@@ -125,7 +131,7 @@ Sizes SizesFor(const PlanInputs& in) {
       std::max({z.K == 0 ? in.embedding_params : 0, z.Kb < z.L ? in.layer_params : 0, z.lnf_gpu ? 0 : in.final_params});
   z.n_offloaded = static_cast<uint64_t>(z.n_shards - z.K);
   z.align = std::max<uint64_t>(in.host_alignment, 1);
-  z.opt_staging = 3 * std::min<uint64_t>(z.max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * 12;
+  z.opt_staging = 3 * std::min<uint64_t>(z.max_block, std::max<uint64_t>(1, in.optimizer_chunk_params)) * z.opt_pp;
   z.base = in.layer_workspace + in.head_workspace + in.fixed_gpu + z.max_block * 4 + z.ck_set;
   return z;
 }
@@ -154,11 +160,12 @@ bool Allowed(const PlanInputs& in, const Sizes& z, const Placement& c) {
 // The parameters', gradients' and optimizer state's rows (and the prefetch
 // depth), on a GPU that has `gpu` bytes taken already.
 void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64_t gpu, Plan* p) {
-  Plan::Row prow{"parameters"}, grow{"gradients"}, orow{"optimizer (fp32 master, m, v)"};
+  Plan::Row prow{"parameters"}, grow{"gradients"};
+  Plan::Row orow{in.moment_bytes == 2 ? "optimizer (fp32 master, bf16 m, v)" : "optimizer (fp32 master, m, v)"};
   // GPU bytes of the GPU-state shards beyond what this placement keeps there
   // anyway (their optimizer state, their gradients when the others' leave,
   // their blocks' parameters when the others stream).
-  const uint64_t split_gpu = z.opt_gpuN * 12 + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
+  const uint64_t split_gpu = z.opt_gpuN * z.opt_pp + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
                              (c.params != kG ? z.gpu_blocks_p : 0);
   int depth = 0;
   if (c.params == kG) {
@@ -183,8 +190,8 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     grow.host = z.restN * (z.gb + z.acc_pp);
   }
   grow.kind = z.gb == 4 ? "gradients (fp32)" : c.grads == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
-  orow.gpu = z.opt_gpuN * 12;
-  (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.opt_restN * 12;
+  orow.gpu = z.opt_gpuN * z.opt_pp;
+  (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.opt_restN * z.opt_pp;
   if (c.optimizer == kN && z.restN > 0) orow.host = z.opt_staging;
   p->rows = {prow, grow, orow};
 }
@@ -248,7 +255,7 @@ void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     p->d2h += (z.A - 1) * acc;
     p->h2d += (z.A - 1) * acc;
   }
-  if (c.optimizer == kN) p->nvme_read += z.opt_restN * 12, p->nvme_write += z.opt_restN * 12;
+  if (c.optimizer == kN) p->nvme_read += z.opt_restN * z.opt_pp, p->nvme_write += z.opt_restN * z.opt_pp;
   if (c.params == kN) {
     p->nvme_read += 2 * passes * (z.L - z.Kb) * z.layer_p;
     p->nvme_write += z.param_all - z.gpu_blocks_p;
@@ -297,7 +304,7 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
 // page-rounded.
 void AddSpeculativeSet(const PlanInputs& in, const Sizes& z, Plan* p) {
   if (!in.speculative_state || p->optimizer != kH || z.restN == 0) return;
-  p->speculative_bytes = z.opt_restN * 12;
+  p->speculative_bytes = z.opt_restN * z.opt_pp;
   const uint64_t rounding = 3 * z.n_offloaded * z.align;
   p->speculative_fits = p->host_total + p->speculative_bytes + rounding <= in.host_budget;
   if (!p->speculative_fits) return;

@@ -7,11 +7,12 @@
 //   params       P × 2 B (bf16/fp16) or 4 B (fp32)        GPU | host | NVMe
 //   grads        P × 4 B on the GPU (fp32 accumulation), or P × grad_host_bytes
 //                on the host (bf16 in bf16 training)        GPU | host
-//   optimizer    P × 12 B (fp32 master, m, v)              GPU | host | NVMe
-//                (ZeRO stage >= 1 across W ranks: P / W × 12 B per rank,
+//   optimizer    P × 12 B (fp32 master, m, v), or P × 8 B   GPU | host | NVMe
+//                with bf16 moments (bf16.bf16_optimizer_states)
+//                (ZeRO stage >= 1 across W ranks: P / W of that per rank,
 //                PlanInputs::zero_partitions; the plan is then the rank's)
-//                (+ P × 12 B on the host for the speculative update's second
-//                set, when asked for and the host budget has room for it)
+//                (+ as much again on the host for the speculative update's
+//                second set, when asked for and the host budget has room)
 //   checkpoints  (L+1) × A × B×T×C × dtype (each layer's input and the
 //                head's)                                     GPU | host, or split:
 //                the last layers' on the GPU, the first layers' on the host
@@ -65,6 +66,7 @@ struct PlanInputs {
   uint64_t param_bytes = 2;        // bytes per parameter in the compute dtype
   uint64_t checkpoint_bytes = 0;   // one layer input for one micro-batch (B×T×C×dtype)
   uint64_t grad_host_bytes = 4;    // bytes per gradient value sent to the host
+  uint64_t moment_bytes = 4;       // bytes per Adam moment value: 4 (fp32) or 2 (bf16 moments)
   int64_t grad_accum = 1;          // micro-batches per step
   // GPU working set pieces that do not depend on the plan.
   uint64_t layer_workspace = 0;    // recompute + backward scratch of one block
@@ -89,9 +91,9 @@ struct PlanInputs {
   // "nvme" when it is < 1); the rest stays on the GPU (see above).
   double optimizer_offload_ratio = 1.0;
   // The trainer would update speculatively during the backward (gradient
-  // clipping, engine/trainer.cc): it then keeps a second fp32 master/m/v of
+  // clipping, engine/trainer.cc): it then keeps a second master/m/v of
   // every offloaded shard whose state is on the host, 12 B per parameter of
-  // pinned host memory, if the chosen placement leaves that much of the host
+  // pinned host memory (8 B with bf16 moments), if the chosen placement leaves that much of the host
   // budget. The placement is chosen without it (it is a speed-up, not a need).
   bool speculative_state = false;
   // ZeRO stage >= 1 across this many ranks (engine/data_parallel.h): each
@@ -136,8 +138,8 @@ struct Plan {
   };
   std::vector<Row> rows;
   uint64_t gpu_total = 0, host_total = 0, nvme_total = 0;
-  // PlanInputs::speculative_state: the second set's bytes (12 B per
-  // offloaded parameter; 0 when the state is not on the host), and whether
+  // PlanInputs::speculative_state: the second set's bytes (12 B, or 8 B
+  // with bf16 moments, per offloaded parameter; 0 when the state is not on the host), and whether
   // they fit: then they are in `rows` (a row of their own) and host_total.
   uint64_t speculative_bytes = 0;
   bool speculative_fits = false;

@@ -8,6 +8,7 @@
 
 #include "base/bytes.h"
 #include "engine/checkpoint.h"
+#include "engine/model_config.h"
 #include "engine/save_dir.h"
 #include "tiers/host_tier.h"
 #include "tiers/nvme/io_env.h"
@@ -17,13 +18,13 @@ namespace strata {
 
 namespace {
 
-// A checkpoint's size: fp32 master, m and v of every parameter, the Hugging
-// Face weights (trainer.save_dtype), and a megabyte for the manifest, config
-// and tokenizer files.
-uint64_t CheckpointBytes(const models::ModelSpec& spec, const std::string& save_dtype) {
+// A checkpoint's size: fp32 master and m and v (in their dtype) of every
+// parameter, the Hugging Face weights (trainer.save_dtype), and a megabyte
+// for the manifest, config and tokenizer files.
+uint64_t CheckpointBytes(const models::ModelSpec& spec, const Config& c) {
   uint64_t n = 0;
   for (const auto& p : spec.params) n += static_cast<uint64_t>(p.numel);
-  return (12 + (save_dtype == "fp32" ? 4 : 2)) * n + (1ull << 20);
+  return (4 + 2 * DTypeSize(MomentDType(c)) + (c.trainer.save_dtype == "fp32" ? 4 : 2)) * n + (1ull << 20);
 }
 
 Status CheckNvmeDir(const std::string& dir, uint64_t need, IoEnv* env) {
@@ -79,7 +80,7 @@ Status CheckSources(const TrainOptions& o) {
 Status PreflightChecks(const TrainOptions& o, const RunPlan& run, const TierSizes& tiers,
                        const models::ModelSpec& spec, bool cuda, std::vector<std::string>* warnings) {
   RETURN_IF_ERROR(CheckSources(o));
-  RETURN_IF_ERROR(CheckSaveDir(o.save_dir, CheckpointBytes(spec, o.config.trainer.save_dtype), warnings));
+  RETURN_IF_ERROR(CheckSaveDir(o.save_dir, CheckpointBytes(spec, o.config), warnings));
   if (!o.log_json.empty()) RETURN_IF_ERROR(CheckLogFile(o.log_json));
   if (run.plan.nvme_total > 0 || run.plan.optimizer == TierKind::kNvme || run.plan.params == TierKind::kNvme)
     RETURN_IF_ERROR(CheckNvmeDir(NvmeDirOf(o.config), run.plan.nvme_total, o.nvme_env ? o.nvme_env : IoEnv::Default()));

@@ -6,8 +6,8 @@
 //   --log-json    a file it may append to, or create
 //   --save DIR    a directory it may write, or one it may create
 //                 (engine/save_dir.h CheckSaveDir); free space below one
-//                 checkpoint (12 bytes per parameter and the small files) is
-//                 a warning
+//                 checkpoint (12 bytes per parameter, 8 with bf16 moments,
+//                 the HF weights and the small files) is a warning
 //   NVMe paths    each exists and is writable, and has the free space the
 //                 plan puts there (counting the swap files killed runs left,
 //                 which the NVMe tier removes: tiers/nvme/leftovers.h):

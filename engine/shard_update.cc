@@ -9,14 +9,16 @@ namespace strata {
 
 namespace {
 
-// The Adam view of a shard's buffers.
-optim::AdamShard AdamView(uint64_t n, float* master, void* m, void* v, const void* grad, DType grad_dtype,
-                          void* param_out, DType dtype) {
+// The Adam view of a shard's buffers (m and v of the layout's moment dtype).
+optim::AdamShard AdamView(const ModelState::Layout& lay, uint64_t n, float* master, void* m, void* v,
+                          const void* grad, void* param_out) {
+  const DType grad_dtype = lay.grad_dtype, dtype = lay.dtype;
   optim::AdamShard a;
   a.n = n;
   a.master = master;
   a.exp_avg = m;
   a.exp_avg_sq = v;
+  a.state_dtype = lay.moment_dtype;
   a.grad = grad;
   a.grad_dtype = grad_dtype;
   a.param_out = param_out;
@@ -67,8 +69,8 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   const TierKind ptier = sh.partitioned ? TierKind::kHost : TierKind::kGpu;
   ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, ptier, Access::kWriteDiscard));
   const void* grad = static_cast<const char*>(g.data) + sh.slice_off * DTypeSize(lay.grad_dtype);
-  const optim::AdamShard a = AdamView(static_cast<uint64_t>(sh.slice_len), static_cast<float*>(w.data), m.data,
-                                      v.data, grad, lay.grad_dtype, p.data, lay.dtype);
+  const optim::AdamShard a =
+      AdamView(lay, static_cast<uint64_t>(sh.slice_len), static_cast<float*>(w.data), m.data, v.data, grad, p.data);
   void* s = nullptr;
   if (ctx_.cuda()) {
     s = ctx_.backend->native_stream();
@@ -123,7 +125,7 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     RETURN_IF_ERROR(param_upload_[param_slot_].Wait());
     pout = param_staging_[param_slot_].data();
   }
-  optim::AdamShard a = AdamView(n, static_cast<float*>(w.data), m.data, v.data, grad, lay.grad_dtype, pout, lay.dtype);
+  optim::AdamShard a = AdamView(lay, n, static_cast<float*>(w.data), m.data, v.data, grad, pout);
   if (spec) {
     a.master_out = static_cast<float*>(w2.data);
     a.exp_avg_out = m2.data;
@@ -213,7 +215,8 @@ Result<std::unique_ptr<AssistShardUpdate>> AssistShardUpdate::Create(const Shard
   GpuTier* gt = ctx.store->gpu_tier();
   u->chunk_ = std::min<uint64_t>(4ull << 20, ctx.state->MaxOffloadedNumel());
   if (chunk_params) u->chunk_ = std::min<uint64_t>(chunk_params, u->chunk_);
-  const uint64_t per = u->chunk_ * (12 + DTypeSize(ctx.state->layout().grad_dtype));
+  const ModelState::Layout& lay = ctx.state->layout();
+  const uint64_t per = u->chunk_ * (4 + 2 * DTypeSize(lay.moment_dtype) + DTypeSize(lay.grad_dtype));
   const TierUsage use = gt->usage();
   const uint64_t need = 3 * AlignUp(per, gt->alignment()) + keep_free;
   if (use.budget < use.used + need) {
@@ -234,7 +237,7 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
   const uint64_t n = static_cast<uint64_t>(sh.numel);
   CopyEngine* ce = store->copy_engine();
   void* s = ctx_.cuda() ? ce->stream(CopyDirection::kDeviceToHost) : nullptr;
-  const uint64_t gs = DTypeSize(lay.grad_dtype), ps = DTypeSize(lay.dtype);
+  const uint64_t gs = DTypeSize(lay.grad_dtype), ps = DTypeSize(lay.dtype), ms = DTypeSize(lay.moment_dtype);
   const bool host_grad = sh.g_home != TierKind::kGpu;
   const TierKind gtier = host_grad ? TierKind::kHost : TierKind::kGpu;
   const bool spec = how.speculative;
@@ -278,10 +281,11 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
       if (st.ok()) st = t.Wait();  // the buffer's last chunk is home
     sl.down.clear();
     if (!st.ok()) break;
+    // The slot: master (f32), m, v (moment dtype), gradient, chunk_ each.
     float* dw = static_cast<float*>(sl.buf.data());
-    float* dm = dw + chunk_;
-    float* dv = dm + chunk_;
-    char* dg = reinterpret_cast<char*>(dv + chunk_);
+    char* dm = reinterpret_cast<char*>(dw + chunk_);
+    char* dv = dm + chunk_ * ms;
+    char* dg = dv + chunk_ * ms;
     std::vector<CopyTicket> up;
     auto h2d = [&](void* dst, const void* src, uint64_t bytes) {
       if (!st.ok()) return;
@@ -290,11 +294,11 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
       else st = t.status();
     };
     h2d(dw, hw + off * 4, c * 4);
-    h2d(dm, hm + off * 4, c * 4);
-    h2d(dv, hv + off * 4, c * 4);
+    h2d(dm, hm + off * ms, c * ms);
+    h2d(dv, hv + off * ms, c * ms);
     if (host_grad) h2d(dg, g + off * gs, c * gs);
-    const optim::AdamShard a = AdamView(c, dw, dm, dv, host_grad ? static_cast<const void*>(dg) : g + off * gs,
-                                        lay.grad_dtype, p + off * ps, lay.dtype);
+    const optim::AdamShard a =
+        AdamView(lay, c, dw, dm, dv, host_grad ? static_cast<const void*>(dg) : g + off * gs, p + off * ps);
     if (ctx_.cuda()) {
       for (const CopyTicket& t : up)
         if (st.ok()) st = t.StreamWait(s);
@@ -313,8 +317,8 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
       else st = t.status();
     };
     d2h(ow + off * 4, dw, c * 4);
-    d2h(om + off * 4, dm, c * 4);
-    d2h(ov + off * 4, dv, c * 4);
+    d2h(om + off * ms, dm, c * ms);
+    d2h(ov + off * ms, dv, c * ms);
   }
   // The shard's state is home (each download follows its chunk's update, so
   // the parameters are written too) before anyone else may touch it.

@@ -1,7 +1,8 @@
 // The shard updates the optimizer's workers run (engine/optimizer_pool.h
 // ShardUpdater), in place or, speculating, from a shard's current fp32
-// master/m/v into its other set (which a commit then makes current); the
-// new parameters are written either way.
+// master and m/v (fp32 or bf16: ModelState::Layout::moment_dtype) into its
+// other set (which a commit then makes current); the new parameters are
+// written either way.
 //
 //   HostShardUpdate    the CPU worker: the CPU Adam on state in host memory
 //                      (or streamed from NVMe through it: read ahead,
@@ -103,7 +104,7 @@ class AssistShardUpdate final : public ShardUpdater {
  private:
   explicit AssistShardUpdate(const ShardUpdateContext& ctx) : ctx_(ctx) {}
   struct Slot {
-    TierBlock buf;                 // master, m, v (f32) and the gradient, chunk_ each
+    TierBlock buf;                 // master (f32), m, v (moment dtype) and the gradient, chunk_ each
     std::vector<CopyTicket> down;  // the copies back of the chunk in it
   };
   ShardUpdateContext ctx_;

@@ -27,7 +27,8 @@ uint64_t AssistBytes(const TrainOptions& o, const Plan& plan, const models::Mode
   // Three chunk buffers, and the room it keeps free beside them (one activation).
   const uint64_t act = static_cast<uint64_t>(o.config.micro_batch * o.config.model.seq_len * spec.d_model) *
                        DTypeSize(ComputeDType(o.config));
-  return 3 * (chunk * (12 + DTypeSize(GradDType(ComputeDType(o.config)))) + 4096) + act;
+  const uint64_t per = 4 + 2 * DTypeSize(MomentDType(o.config)) + DTypeSize(GradDType(ComputeDType(o.config)));
+  return 3 * (chunk * per + 4096) + act;
 }
 
 }  // namespace

@@ -150,6 +150,7 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(StepBuffers b, StepBuffers::Allocate(store->gpu_tier(), spec, z));
   buffers.emplace(std::move(b));
   ModelState::Layout lay{dtype, GradDType(dtype), c.micro_batch, c.model.seq_len, c.grad_accum, shape.layer_major};
+  lay.moment_dtype = MomentDType(c);
   if (dp) {
     lay.rank = dp->rank();
     lay.world = dp->world();

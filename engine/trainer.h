@@ -41,14 +41,14 @@
 //             bit. A step speculates when the last one's norm was within the
 //             threshold (StepReport::speculation says what became of it).
 //             The second set costs 12 B per offloaded parameter of host
-//             memory; the plan counts it, and without room the update runs
+//             memory (8 B with bf16 moments); the plan counts it, and without room the update runs
 //             after the backward.
 //             The plan table and the log say which mode runs and why
 //             (TrainerInfo::optimizer_update);
 //             TrainOptions::optimizer_after_backward forces the first.
 //
-// Every tensor of the model (parameters, fp32 gradients, fp32 master/m/v,
-// checkpoints) lives in one TierStore with its home tier from the plan
+// Every tensor of the model (parameters, fp32 gradients, fp32 master, m/v
+// in fp32 or bf16 (bf16.bf16_optimizer_states), checkpoints) lives in one TierStore with its home tier from the plan
 // (engine/planner.h). The step's GPU accesses follow one access schedule,
 // run by swap's Prefetcher: what comes next is prefetched within the GPU
 // room left, what is not needed soon is evicted, and a shard's parameters
@@ -105,7 +105,7 @@ struct TrainerInfo {
   // during_backward: every step's update runs during the backward (no
   // clipping); speculative: with clipping, the steps after one whose norm
   // was within the threshold speculate (trainer.h's header comment), and a
-  // second fp32 master/m/v of `speculative_bytes` is held on the host.
+  // second master/m/v of `speculative_bytes` is held on the host.
   bool optimizer_during_backward = false;
   bool optimizer_speculative = false;
   uint64_t speculative_bytes = 0;

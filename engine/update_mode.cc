@@ -44,7 +44,7 @@ UpdateMode UpdateModeFor(const Config& c, const Plan& p, int64_t n_shards, const
     } else {
       const uint64_t left = host_budget > p.host_total ? host_budget - p.host_total : 0;
       why += "speculating would need " + FormatBytes(p.speculative_bytes) +
-             " more host memory for a second fp32 master/m/v, and the plan leaves " + FormatBytes(left) + " of the " +
+             " more host memory for a second master/m/v, and the plan leaves " + FormatBytes(left) + " of the " +
              FormatBytes(host_budget) + " host budget";
     }
     return {false, false, why + ")"};

@@ -57,5 +57,26 @@ TEST(ConfigChange, KeysOnOneSideAndSamePathsSpelledDifferently) {
   EXPECT_TRUE(c[2].breaks_identity);
 }
 
+// The moments' dtype changes the run; a checkpoint from before the key
+// existed had fp32 moments, so its absence is no change from false.
+TEST(ConfigChange, Bf16OptimizerStates) {
+  Config a = DefaultConfig();
+  a.bf16 = true;
+  Config b = a;
+  b.bf16_optimizer_states = true;
+  const std::vector<ConfigChange> c = ConfigChanges(ConfigToJson(a), ConfigToJson(b));
+  ASSERT_EQ(c.size(), 1u);
+  EXPECT_EQ(c[0].key, "bf16.bf16_optimizer_states");
+  EXPECT_TRUE(c[0].breaks_identity);
+  EXPECT_EQ(DescribeChange(c[0]), "bf16.bf16_optimizer_states: false -> true");
+  nlohmann::json old = ConfigToJson(a);
+  old["bf16"].erase("bf16_optimizer_states");
+  EXPECT_TRUE(ConfigChanges(old, ConfigToJson(a)).empty());
+  const std::vector<ConfigChange> d = ConfigChanges(old, ConfigToJson(b));
+  ASSERT_EQ(d.size(), 1u);
+  EXPECT_EQ(d[0].before, "(absent)");
+  EXPECT_TRUE(d[0].breaks_identity);
+}
+
 }  // namespace
 }  // namespace strata

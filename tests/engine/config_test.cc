@@ -34,6 +34,14 @@ std::string Err(const std::string& text, int world = 1) {
   return std::string(r.status().message());
 }
 
+// The status's code, and its message containing `text`.
+template <typename T>
+void ExpectStatus(const T& r, StatusCode code, const std::string& text) {
+  const Status s = ::strata::testing::GetStatus(r);
+  EXPECT_EQ(s.code(), code) << s.ToString();
+  EXPECT_THAT(std::string(s.message()), HasSubstr(text)) << s.ToString();
+}
+
 TEST(Config, ReadsARealZero3OffloadConfig) {
   std::vector<std::string> warnings;
   ASSERT_OK_AND_ASSIGN(Config c, Parse(R"({
@@ -392,9 +400,12 @@ TEST(Config, EveryFieldRoundTripsThroughJson) {
     if (bf16) {
       c.fp16.enabled = false;
       c.bf16 = true;
+      c.bf16_optimizer_states = true;  // (bf16 training only)
     }
     const json j = ConfigToJson(c);
-    ExpectEveryValueDiffers(j, ConfigToJson(Config{}), "", {bf16 ? "fp16.enabled" : "bf16.enabled"});
+    ExpectEveryValueDiffers(j, ConfigToJson(Config{}), "",
+                            bf16 ? std::set<std::string>{"fp16.enabled"}
+                                 : std::set<std::string>{"bf16.enabled", "bf16.bf16_optimizer_states"});
     ASSERT_TRUE(j.contains("scheduler"));  // absent by default (the constant lr)
     for (const optim::LrParamSpec& p : optim::FindLrScheduleSpec("OneCycle")->params)
       EXPECT_TRUE(j["scheduler"]["params"].contains(p.name)) << p.name;
@@ -409,6 +420,7 @@ TEST(Config, EveryFieldRoundTripsThroughJson) {
     EXPECT_EQ(back.grad_accum, c.grad_accum);
     EXPECT_TRUE(back.fp16 == c.fp16);
     EXPECT_EQ(back.bf16, c.bf16);
+    EXPECT_EQ(back.bf16_optimizer_states, c.bf16_optimizer_states);
     EXPECT_TRUE(back.optimizer == c.optimizer);
     EXPECT_TRUE(back.scheduler == c.scheduler);
     EXPECT_EQ(back.gradient_clipping, c.gradient_clipping);
@@ -551,6 +563,31 @@ TEST(Config, DefaultJsonIsTheBuiltInDemo) {
   d.data.path = c.data.path;
   EXPECT_EQ(ConfigToJson(c), ConfigToJson(d));
   EXPECT_TRUE(c == d);
+}
+
+// bf16.bf16_optimizer_states (DeepSpeed's key): read under bf16 and its
+// alias, written back, and refused without bf16 training.
+TEST(Config, Bf16OptimizerStates) {
+  ASSERT_OK_AND_ASSIGN(Config a, Parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": true}})"));
+  EXPECT_TRUE(a.bf16_optimizer_states);
+  EXPECT_EQ(ConfigToJson(a)["bf16"]["bf16_optimizer_states"], true);
+  ASSERT_OK_AND_ASSIGN(Config b, Parse(R"({"bfloat16": {"enabled": true, "bf16_optimizer_states": true}})"));
+  EXPECT_TRUE(b.bf16_optimizer_states);
+  ASSERT_OK_AND_ASSIGN(Config d, Parse(R"({"bf16": {"enabled": true}})"));
+  EXPECT_FALSE(d.bf16_optimizer_states);  // fp32 moments by default
+  for (const char* text : {R"({"bf16": {"bf16_optimizer_states": true}})",
+                           R"({"bf16": {"enabled": false, "bf16_optimizer_states": true}})",
+                           R"({"bfloat16": {"bf16_optimizer_states": true}})"}) {
+    SCOPED_TRACE(text);
+    ExpectStatus(Parse(text).status(), StatusCode::kInvalidArgument,
+                 "bf16.bf16_optimizer_states is true but bf16.enabled is not");
+  }
+  ExpectStatus(Parse(R"({"bf16": {"enabled": true, "bf16_optimizer_states": 1}})").status(),
+               StatusCode::kInvalidArgument, "bf16_optimizer_states");
+  // DeepSpeed's bf16 masters would change the arithmetic: refused when on.
+  ExpectStatus(Parse(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": true}})").status(),
+               StatusCode::kInvalidArgument, "bf16_master_weights_and_grads");
+  ASSERT_OK(Parse(R"({"bf16": {"enabled": true, "bf16_master_weights_and_grads": false}})").status());
 }
 
 }  // namespace

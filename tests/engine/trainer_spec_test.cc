@@ -373,7 +373,7 @@ TEST(TrainerSpeculative, NoRoomForTheSecondSet) {
   ASSERT_OK_AND_ASSIGN(std::string dry, Trainer::DryRun(o));
   EXPECT_THAT(dry, HasSubstr("optimizer update: after backward (gradient_clipping 1.0 needs the global norm; "
                              "speculating would need " +
-                             FormatBytes(second) + " more host memory for a second fp32 master/m/v, and the plan "
+                             FormatBytes(second) + " more host memory for a second master/m/v, and the plan "
                              "leaves " + FormatBytes(second / 2) + " of the " + FormatBytes(without + second / 2) +
                              " host budget)"));
   EXPECT_THAT(dry, ::testing::Not(HasSubstr("second set")));
