@@ -79,6 +79,28 @@ double ModelFlopsPerToken(const models::ModelSpec& m, int64_t seq) {
          12.0 * static_cast<double>(m.n_layer) * static_cast<double>(m.d_model) * static_cast<double>(seq);
 }
 
+Status CheckSeqLenWithinSource(const Config& c, const std::string& init_from) {
+  if (init_from.empty()) return Status::OK();
+  const std::string path = ModelSourceDir(init_from) + "/config.json";
+  Result<std::string> text = ReadConfigText(path);
+  if (!text.ok()) return Status::OK();  // no config.json: the weights' shapes decide
+  ASSIGN_OR_RETURN(nlohmann::json j, ParseConfigJson(*text, path));
+  if (!j.is_object()) return Status::OK();
+  for (const char* key : {"max_position_embeddings", "n_positions"}) {
+    auto it = j.find(key);
+    if (it == j.end() || !it->is_number_integer()) continue;
+    const int64_t positions = it->get<int64_t>();
+    if (c.model.seq_len > positions)
+      return InvalidArgument(c.source + ": model.seq_len " + std::to_string(c.model.seq_len) +
+                             " is longer than the --init-from model's " + key + " " + std::to_string(positions) +
+                             " (" + path + "): the model was made for at most " + std::to_string(positions) +
+                             " positions; give a seq_len of at most " + std::to_string(positions) +
+                             " (or leave the model section out to take " + key + ")");
+    return Status::OK();
+  }
+  return Status::OK();
+}
+
 namespace {
 
 // "n_head" of the config.json of the model directory of `weights` (itself,

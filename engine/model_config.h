@@ -41,6 +41,17 @@ struct WeightsModel {
 };
 Result<WeightsModel> ModelFromHfWeights(const std::string& path);
 
+// The run's sequence length against the model it starts from: with
+// --init-from a model directory (or a file in one) whose config.json gives
+// the positions the model was made for (max_position_embeddings; GPT-2's
+// n_positions), the config's model.seq_len must be at most that many. A
+// config without a model section takes max_position_embeddings
+// (ModelFromHfWeights); one with a model section may set a shorter
+// seq_len, never a longer one: InvalidArgument naming both fields, their
+// values and the file. No config.json, or one without either field: OK
+// (the weights' shapes are checked when they load).
+Status CheckSeqLenWithinSource(const Config& c, const std::string& init_from);
+
 // The model strata's `model` section describes, family-neutral, and back.
 models::ModelDesc DescOf(const ModelConfig& m);
 ModelConfig ConfigOf(const models::ModelDesc& d);

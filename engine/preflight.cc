@@ -65,12 +65,14 @@ Status CheckLogFile(const std::string& path) {
 }
 
 // What the run starts from exists (reading it whole is the run's, which
-// verifies it: engine/checkpoint.h).
+// verifies it: engine/checkpoint.h), and a model it starts from was made
+// for the run's sequence length (engine/model_config.h).
 Status CheckSources(const TrainOptions& o) {
   if (!o.resume_dir.empty()) RETURN_IF_ERROR(ResolveCheckpoint(o.resume_dir).status().WithContext("--resume"));
   if (!o.init_from.empty()) {
     struct stat st {};
     if (::stat(o.init_from.c_str(), &st) != 0) return ErrnoStatus("--init-from: cannot read", o.init_from);
+    RETURN_IF_ERROR(CheckSeqLenWithinSource(o.config, o.init_from));
   }
   return Status::OK();
 }

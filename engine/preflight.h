@@ -2,7 +2,9 @@
 // a run does not fail after hours for what could be seen at the start:
 //
 //   --resume, --init-from   what the run starts from exists (a checkpoint
-//                 that `latest` names; the weights' file or directory)
+//                 that `latest` names; the weights' file or directory), and
+//                 model.seq_len is within the --init-from model's
+//                 max_position_embeddings (engine/model_config.h)
 //   --log-json    a file it may append to, or create
 //   --save DIR    a directory it may write, or one it may create
 //                 (engine/save_dir.h CheckSaveDir); free space below one
