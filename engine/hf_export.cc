@@ -34,8 +34,11 @@ Result<nlohmann::json> HfConfigJson(const models::ModelSpec& spec, const std::st
   ASSIGN_OR_RETURN(nlohmann::json base, ReadJsonIn(source_dir, "config.json"));
   // The family's own class and fields (models/family.h).
   ASSIGN_OR_RETURN(nlohmann::json c, models::WriteHfConfig(spec, std::move(base)));
-  c["torch_dtype"] = torch_dtype;                     // the dtype of the weights beside it
-  if (c.contains("dtype")) c["dtype"] = torch_dtype;  // (transformers 5's name)
+  // The dtype of the weights beside it, under the source's key: transformers
+  // 5's "dtype" (or both, where the source has both), else "torch_dtype".
+  const bool both = c.contains("dtype") && c.contains("torch_dtype");
+  if (c.contains("dtype")) c["dtype"] = torch_dtype;
+  if (!c.contains("dtype") || both) c["torch_dtype"] = torch_dtype;
   // A token id the vocabulary no longer holds would break generation.
   for (const char* k : {"bos_token_id", "eos_token_id", "pad_token_id"})
     if (c.contains(k) && c[k].is_number_integer() && c[k].get<int64_t>() >= spec.vocab_size) c.erase(k);

@@ -11,7 +11,11 @@
 //                           it has one (its token ids, dropouts, ...), the
 //                           shape fields replaced (GPT-2: n_positions is the
 //                           run's seq_len, the rows of the position table
-//                           the weights hold)
+//                           the weights hold), the family's style kept
+//                           (Llama: RoPE as rope_parameters or
+//                           rope_theta/rope_scaling, as the source wrote
+//                           it), the weights' dtype under the source's key
+//                           (transformers 5's "dtype", else "torch_dtype")
 //   generation_config.json  the source model's, else transformers'
 //                           GenerationConfig fields from the config
 //                           (bos/eos token ids when known, else omitted)

@@ -303,7 +303,8 @@ Result<ModelDesc> LlamaReadHfConfig(const nlohmann::json& j, const std::string& 
 
 Result<nlohmann::json> LlamaWriteHfConfig(const ModelSpec& spec, nlohmann::json c) {
   const bool transformers5 = c.contains("rope_parameters");
-  if (c.empty()) c = {{"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"use_cache", true}};
+  const bool fresh = c.empty();  // (then transformers 4's style, which both read)
+  if (fresh) c = {{"attention_dropout", 0.0}, {"initializer_range", 0.02}, {"use_cache", true}};
   const BlockParam* gate = spec.block.Find("mlp.gate_proj.weight");
   if (!gate) return Internal("llama config.json: the block has no mlp.gate_proj.weight");
   c["architectures"] = {spec.hf_architecture};
@@ -326,15 +327,22 @@ Result<nlohmann::json> LlamaWriteHfConfig(const ModelSpec& spec, nlohmann::json 
     c["attention_bias"] = false;
     c["mlp_bias"] = false;
   }
+  // RoPE in the source's style, so that a model round-trips with its
+  // config's shape: transformers 5's rope_parameters, or transformers 4's
+  // rope_theta and rope_scaling (the latter left out when the source left
+  // it out and the scaling is the default). A transformers 5 file that
+  // kept a top-level rope_theta beside rope_parameters gets both.
   const RopeParams& r = spec.block.rope;
   if (transformers5) {
     nlohmann::json p = RopeScalingJson(r);
     if (p.is_null()) p = {{"rope_type", "default"}};
     p["rope_theta"] = ShortDecimal(r.theta);
     c["rope_parameters"] = p;
+    if (c.contains("rope_theta")) c["rope_theta"] = ShortDecimal(r.theta);
+    if (c.contains("rope_scaling")) c["rope_scaling"] = RopeScalingJson(r);
   } else {
     c["rope_theta"] = ShortDecimal(r.theta);
-    c["rope_scaling"] = RopeScalingJson(r);
+    if (fresh || c.contains("rope_scaling") || r.type != RopeParams::kDefault) c["rope_scaling"] = RopeScalingJson(r);
   }
   return c;
 }

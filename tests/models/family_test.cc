@@ -133,5 +133,34 @@ TEST(Family, WriterGivesTheArchitecturesOwnFieldsAndReadsBack) {
   EXPECT_DOUBLE_EQ(gc.at("layer_norm_epsilon").get<double>(), 1e-5);
 }
 
+// The writer keeps the source's RoPE style: over transformers 4's file its
+// top-level rope_theta and rope_scaling (llama3 scaling written back whole,
+// no rope_parameters), over transformers 5's rope_parameters only.
+TEST(Family, WriterKeepsTheSourcesRopeStyle) {
+  json t4 = Tiny5();
+  t4.erase("rope_parameters");
+  t4["rope_theta"] = 500000.0;
+  t4["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 8192}};
+  ASSERT_OK_AND_ASSIGN(ModelDesc d4, ReadHfConfig(t4, "config.json"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec s4, BuildModel(d4));
+  ASSERT_OK_AND_ASSIGN(json c4, WriteHfConfig(s4, t4));
+  EXPECT_FALSE(c4.contains("rope_parameters"));
+  EXPECT_DOUBLE_EQ(c4.at("rope_theta").get<double>(), 500000.0);
+  EXPECT_EQ(c4.at("rope_scaling"), t4.at("rope_scaling"));
+  json t5 = Tiny5();
+  t5["rope_parameters"] = {{"rope_type", "linear"}, {"factor", 2.0}, {"rope_theta", 20000.0}};
+  ASSERT_OK_AND_ASSIGN(ModelDesc d5, ReadHfConfig(t5, "config.json"));
+  ASSERT_OK_AND_ASSIGN(ModelSpec s5, BuildModel(d5));
+  ASSERT_OK_AND_ASSIGN(json c5, WriteHfConfig(s5, t5));
+  EXPECT_EQ(c5.at("rope_parameters"), t5.at("rope_parameters"));
+  EXPECT_FALSE(c5.contains("rope_theta"));
+  EXPECT_FALSE(c5.contains("rope_scaling"));
+  for (const json& w : {c4, c5}) {
+    ASSERT_OK_AND_ASSIGN(ModelDesc back, ReadHfConfig(w, "written"));
+    EXPECT_EQ(back.rope, w.contains("rope_parameters") ? d5.rope : d4.rope);
+  }
+}
+
 }  // namespace
 }  // namespace strata::models
