@@ -155,8 +155,12 @@ TEST(TrainerBf16Moments, EveryPlacementAndUpdateModeGivesTheSameBits) {
     v.set(o);
     const Outcome got = Train(o, 4);
     ExpectSameBits(ref, got, /*same_bytes=*/false);
-    if (std::string(v.what) == "host, speculative") EXPECT_TRUE(got.info.optimizer_speculative) << got.plan;
-    if (std::string(v.what) == "host, gpu-assisted") EXPECT_THAT(got.log, HasSubstr("GPU-assisted streaming"));
+    if (std::string(v.what) == "host, speculative") {
+      EXPECT_TRUE(got.info.optimizer_speculative) << got.plan;
+    }
+    if (std::string(v.what) == "host, gpu-assisted") {
+      EXPECT_THAT(got.log, HasSubstr("GPU-assisted streaming"));
+    }
   }
 }
 
