@@ -22,6 +22,18 @@ int CudaDeviceCount(std::string* why) {
   return n;
 }
 
+Result<std::string> GpuPciBusId(int device) {
+  std::string why;
+  const int n = CudaDeviceCount(&why);
+  if (n == 0) return Unavailable(why);
+  if (device < 0 || device >= n)
+    return InvalidArgument("GPU " + std::to_string(device) + " requested but only " + std::to_string(n) +
+                           " present");
+  char bus[32] = {};
+  CUDA_RETURN_IF_ERROR(cudaDeviceGetPCIBusId(bus, sizeof bus, device));
+  return std::string(bus);
+}
+
 Result<GpuInfo> QueryGpu(int device) {
   std::string why;
   int n = CudaDeviceCount(&why);
@@ -57,6 +69,12 @@ Result<GpuInfo> QueryGpu(int device) {
 int CudaDeviceCount(std::string* why) {
   if (why) *why = "strata was built without CUDA (nvcc was not found at configure time)";
   return 0;
+}
+
+Result<std::string> GpuPciBusId(int) {
+  std::string why;
+  CudaDeviceCount(&why);
+  return Unavailable(why);
 }
 
 Result<GpuInfo> QueryGpu(int) {

@@ -27,6 +27,11 @@ struct GpuInfo {
 // no driver, or with no device; `why` (if given) then says which.
 int CudaDeviceCount(std::string* why = nullptr);
 
+// The PCI bus id of GPU `device` ("0000:17:00.0"), without creating a
+// context on it (a launcher asks before its ranks start); Unavailable as
+// QueryGpu, InvalidArgument for a device that is not there.
+Result<std::string> GpuPciBusId(int device);
+
 // Unavailable (with the reason) when there is no usable GPU `device`.
 Result<GpuInfo> QueryGpu(int device = 0);
 

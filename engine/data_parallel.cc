@@ -5,6 +5,7 @@
 
 #include "base/bytes.h"
 #include "comm/mpi_communicator.h"
+#include "comm/nccl_communicator.h"
 #include "comm/rank_env.h"
 #include "engine/model_config.h"
 
@@ -25,15 +26,31 @@ void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o) {
     o->cpu_threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / o->local_ranks);
 }
 
-Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, bool cuda, double timeout_s) {
+Result<int> RankDevice(const comm::RankEnv& env, int visible) {
+  if (env.local_rank < visible) return env.local_rank;
+  if (visible == 1) return 0;
+  return InvalidArgument("LOCAL_RANK=" + std::to_string(env.local_rank) + " (" + env.ToString() +
+                         ") but this process sees " + std::to_string(visible) +
+                         " GPUs: give each local rank its own GPU (CUDA_VISIBLE_DEVICES with all of them, or "
+                         "with one per rank)");
+}
+
+Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, kernels::Backend* backend, int device,
+                                                           double timeout_s) {
   RETURN_IF_ERROR(CheckBatchRule(c));
-  if (cuda)
-    return Unavailable("world size " + std::to_string(c.world_size) +
-                       " on the CUDA backend: its data parallelism over NCCL (comm/nccl_communicator.h) is not wired "
-                       "into the trainer yet; several ranks run on the CPU backend (--backend cpu, under mpirun)");
   ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
   comm::CommOptions o;
   o.timeout_s = timeout_s;
+  if (backend->kind() == kernels::BackendKind::kCuda) {
+    if (env.world_size != c.world_size)
+      return InvalidArgument("the launcher says " + env.ToString() + " but the config's world size is " +
+                             std::to_string(c.world_size));
+    auto nccl = comm::CreateNcclCommunicator(env, device, o);
+    if (!nccl.ok())
+      return nccl.status().WithContext("joining the ranks over NCCL (" + env.ToString() + ", GPU " +
+                                       std::to_string(device) + ")");
+    return Over(std::move(*nccl), c, backend);
+  }
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> mpi, comm::CreateMpiCommunicator(o));
   if (mpi->world_size() != env.world_size && env.world_size != 1)
     return InvalidArgument("the launcher says " + env.ToString() + " but MPI sees " +
@@ -41,33 +58,51 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, bool
   return Over(std::move(mpi), c);
 }
 
-Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::Communicator> comm, const Config& c) {
+Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::Communicator> comm, const Config& c,
+                                                         kernels::Backend* backend) {
   RETURN_IF_ERROR(CheckBatchRule(c));
   if (comm->world_size() != c.world_size)
     return InvalidArgument("the config's world size is " + std::to_string(c.world_size) + " but the " +
                            std::string(comm->backend()) + " communicator has " + std::to_string(comm->world_size()) +
                            " ranks (start as many processes as the config's world size: mpirun -n " +
                            std::to_string(c.world_size) + ")");
-  return std::unique_ptr<DataParallel>(new DataParallel(std::move(comm)));
+  const bool device_memory = comm->backend() == "nccl";
+  if (device_memory && (backend == nullptr || backend->kind() != kernels::BackendKind::kCuda))
+    return InvalidArgument("the NCCL communicator needs the CUDA backend whose memory and stream it uses");
+  std::unique_ptr<DataParallel> dp(new DataParallel(std::move(comm)));
+  if (device_memory) {
+    dp->backend_ = backend;
+    ASSIGN_OR_RETURN(dp->scalar_, backend->Allocate(8));
+  }
+  return dp;
+}
+
+Status DataParallel::ReduceScalar(void* v, size_t bytes, DType dtype, comm::ReduceOp op) {
+  if (backend_ == nullptr) return comm_->AllReduce(v, v, 1, dtype, op, nullptr);
+  // (CopyToDevice and CopyToHost are ordered on the backend's stream, as the collective is.)
+  RETURN_IF_ERROR(backend_->CopyToDevice(scalar_.data(), v, bytes));
+  RETURN_IF_ERROR(comm_->AllReduce(scalar_.data(), scalar_.data(), 1, dtype, op, backend_->native_stream()));
+  RETURN_IF_ERROR(backend_->CopyToHost(v, scalar_.data(), bytes));
+  return comm_->Synchronize();  // a collective that failed on the stream: its error, not the buffer's bytes
 }
 
 Result<int64_t> DataParallel::SumCount(int64_t local) {
   int64_t v = local;
-  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kI64, comm::ReduceOp::kSum, nullptr)
+  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kI64, comm::ReduceOp::kSum)
                       .WithContext("summing the step's counted targets over the ranks"));
   return v;
 }
 
 Result<double> DataParallel::SumLoss(double local) {
   double v = local;
-  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kF64, comm::ReduceOp::kSum, nullptr)
+  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kF64, comm::ReduceOp::kSum)
                       .WithContext("summing the step's loss over the ranks"));
   return v;
 }
 
 Result<int> DataParallel::AnyStop(int signal) {
   int32_t v = signal;
-  RETURN_IF_ERROR(comm_->AllReduce(&v, &v, 1, DType::kI32, comm::ReduceOp::kMax, nullptr)
+  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kI32, comm::ReduceOp::kMax)
                       .WithContext("agreeing with the other ranks on whether to stop"));
   return static_cast<int>(v);
 }

@@ -1,6 +1,11 @@
 // Data parallelism: the trainer's ranks over a communicator (comm/
-// communicator.h), one per process, started by mpirun (the CPU backend,
-// over MPI) — the trainer's one piece that knows there are several.
+// communicator.h), one per process: started by mpirun on the CPU backend
+// (over MPI), by `strata train --num-gpus N` (engine/launcher.h), torchrun
+// or DeepSpeed's launcher on the CUDA backend (over NCCL, one GPU per
+// rank: LOCAL_RANK's) — the trainer's one piece that knows there are
+// several. A process started by a launcher takes this path even at world
+// size 1 (TrainOptions::launched), so that the distributed path can be
+// measured against the plain one.
 //
 // What each rank does, so that W ranks train exactly as one rank with the
 // same global batch (up to the order of fp32 sums):
@@ -42,6 +47,11 @@
 //              says what moves over the communicator per rank per step.
 //   stopping   a stop signal seen by any rank stops every rank after the
 //              same step (AnyStop, checked between steps).
+//   streams    on NCCL every collective is enqueued on the step's stream
+//              (the backend's): a gradient's all-reduce runs after the
+//              kernels that finished it and before its statistics. The
+//              scalars (SumCount, SumLoss, AnyStop) go through a small
+//              device buffer on that stream and wait for the result.
 //
 // Thread-safety: the step's thread only (collectives run in one order).
 #pragma once
@@ -56,19 +66,27 @@
 #include "comm/rank_env.h"
 #include "engine/config.h"
 #include "engine/train_options.h"
+#include "kernels/backend.h"
 
 namespace strata {
 
 class DataParallel {
  public:
-  // The ranks of a run whose config says world_size > 1: the communicator
-  // of the process's launcher (MPI for the CPU backend). InvalidArgument
-  // when the batch sizes break the rule or the launcher's ranks differ from
-  // the config's world size; Unavailable for the CUDA backend (its NCCL
-  // data parallelism is not wired into the trainer yet) or without MPI.
-  static Result<std::unique_ptr<DataParallel>> Create(const Config& c, bool cuda, double timeout_s);
-  // For tests and embedders: over a given communicator.
-  static Result<std::unique_ptr<DataParallel>> Over(std::unique_ptr<comm::Communicator> comm, const Config& c);
+  // The ranks of a run started by a launcher: MPI for the CPU backend; for
+  // the CUDA backend NCCL on `device` (RankDevice's), its unique id
+  // published by rank 0 over the TCP rendezvous at MASTER_ADDR:MASTER_PORT
+  // (comm/tcp_rendezvous.h) within `timeout_s`. `backend` (not owned, must
+  // outlive the result) is the step's: its stream carries the collectives.
+  // InvalidArgument when the batch sizes break the rule or the launcher's
+  // ranks differ from the config's world size; Unavailable without MPI
+  // (CPU) or NCCL (CUDA), or when the rendezvous does not complete.
+  static Result<std::unique_ptr<DataParallel>> Create(const Config& c, kernels::Backend* backend, int device,
+                                                      double timeout_s);
+  // For tests and embedders: over a given communicator. A communicator of
+  // device memory (NCCL) needs the `backend` whose memory and stream it
+  // uses; MPI's takes none.
+  static Result<std::unique_ptr<DataParallel>> Over(std::unique_ptr<comm::Communicator> comm, const Config& c,
+                                                    kernels::Backend* backend = nullptr);
 
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world_size(); }
@@ -103,9 +121,23 @@ class DataParallel {
 
  private:
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
+  // One value of `dtype` (`bytes` long, host memory) reduced over the ranks
+  // in place: directly on MPI, through `scalar_` on the backend's stream on
+  // NCCL.
+  Status ReduceScalar(void* v, size_t bytes, DType dtype, comm::ReduceOp op);
+
   std::unique_ptr<comm::Communicator> comm_;
   std::vector<float> padded_, slice_;  // ReduceScatterGradient's buffers
+  kernels::Backend* backend_ = nullptr;  // NCCL: the step's backend (not owned)
+  kernels::DeviceBuffer scalar_;         // NCCL: 8 bytes of device memory
 };
+
+// The GPU a rank on the CUDA backend takes among the `visible` devices its
+// process sees: LOCAL_RANK's (torchrun, DeepSpeed and `strata train
+// --num-gpus` leave every GPU visible), or device 0 when the process sees
+// one (a launcher that set CUDA_VISIBLE_DEVICES per rank). InvalidArgument
+// naming LOCAL_RANK and the count otherwise.
+Result<int> RankDevice(const comm::RankEnv& env, int visible);
 
 // The ranks on one machine share its host memory and cores: the default
 // host budget (80% of the available memory) and, with cpu_threads 0 (all),

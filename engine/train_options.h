@@ -28,6 +28,10 @@ struct TrainOptions {
   std::vector<std::string> argv;       // the command line, for the JSON log's "run" record
   bool progress = false;               // a progress line on a terminal
   int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
+  // Started by a launcher (RANK/WORLD_SIZE or Open MPI's variables set;
+  // `strata train` sets it): the ranks' path (engine/data_parallel.h) even
+  // at world size 1, which config world_size > 1 takes anyway.
+  bool launched = false;
   // With several ranks (config world_size > 1, engine/data_parallel.h): the
   // longest one collective may take before the rank gives up on its peers.
   double comm_timeout_s = 300;

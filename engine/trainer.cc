@@ -33,14 +33,30 @@ namespace strata {
 
 namespace {
 
-Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o) {
+// The backend, on `device` when it is CUDA.
+Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o, int device) {
   if (o.backend == "cpu") return kernels::MakeCpuBackend(o.cpu_threads);
-  if (o.backend == "cuda") return kernels::MakeCudaBackend(0);
+  if (o.backend == "cuda") return kernels::MakeCudaBackend(device);
   if (o.backend != "auto")
     return InvalidArgument("backend \"" + o.backend + "\" is not allowed (allowed: auto, cpu, cuda)");
-  auto cuda = kernels::MakeCudaBackend(0);
+  auto cuda = kernels::MakeCudaBackend(device);
   if (cuda.ok()) return cuda;
   return kernels::MakeCpuBackend(o.cpu_threads);
+}
+
+// Whether the run takes the ranks' path (engine/data_parallel.h).
+bool Ranks(const TrainOptions& o) { return o.config.world_size != 1 || o.launched; }
+
+// The rank's GPU (LOCAL_RANK's, engine/data_parallel.h RankDevice), 0 for
+// one process of its own or without a GPU; and its share of the machine.
+Result<int> RankShare(TrainOptions* o) {
+  if (!Ranks(*o)) return 0;
+  ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+  ShareTheMachine(env, o);
+  if (o->backend == "cpu") return 0;
+  const int visible = CudaDeviceCount();
+  if (visible == 0) return 0;  // (auto: the CPU backend; cuda: MakeCudaBackend says why)
+  return RankDevice(env, visible);
 }
 
 // The store the plan asks for: a GPU tier (the host stand-in without CUDA)
@@ -100,13 +116,10 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(spec, ModelSpecFor(c));
   dtype = ComputeDType(c);
   shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major"};
-  if (c.world_size != 1) {  // several ranks: this one's share of the machine first
-    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
-    ShareTheMachine(env, &opt);
-  }
-  ASSIGN_OR_RETURN(backend, MakeBackend(opt));
-  if (c.world_size != 1) {
-    ASSIGN_OR_RETURN(dp, DataParallel::Create(c, cuda(), opt.comm_timeout_s));
+  ASSIGN_OR_RETURN(const int device, RankShare(&opt));  // several ranks: this one's share of the machine first
+  ASSIGN_OR_RETURN(backend, MakeBackend(opt, device));
+  if (Ranks(opt)) {
+    ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s));
     if (PartitionsState(c) && cuda())
       return Unavailable("zero_optimization.stage " + std::to_string(c.zero.stage) + " across " +
                            std::to_string(c.world_size) + " ranks partitions the state on the CPU backend only "
@@ -302,14 +315,11 @@ Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, st
 Result<std::string> Trainer::DryRun(const TrainOptions& given) {
   TrainOptions options = given;
   const Config& cfg = options.config;
-  if (cfg.world_size != 1) {  // each rank's plan: its share of the machine
-    ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
-    ShareTheMachine(env, &options);
-  }
+  ASSIGN_OR_RETURN(const int device, RankShare(&options));  // each rank's plan: its share of the machine
   ASSIGN_OR_RETURN(models::ModelSpec spec, ModelSpecFor(cfg));
   // The budgets as the run would see them: the backend it would use, after
   // the GEMM baseline it would measure (nothing else is allocated).
-  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be, MakeBackend(options));
+  ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> be, MakeBackend(options, device));
   RETURN_IF_ERROR(kernels::MeasureGemmPeak(*be).status());
   ASSIGN_OR_RETURN(RunPlan run, PlanRun(options, *be, spec));
   const bool cuda = be->kind() == kernels::BackendKind::kCuda;

@@ -43,15 +43,15 @@ struct Trainer::Impl {
   // writes there once it goes).
   std::optional<SaveDirLock> save_lock;
   std::ostream* log = &std::cerr;
-  // With several ranks (engine/data_parallel.h; null for one). Ranks other
-  // than 0 log into `quiet`, which drops everything.
-  std::unique_ptr<DataParallel> dp;
-  std::ostream quiet{nullptr};
-  bool leads() const { return !dp || dp->leads(); }
+  std::ostream quiet{nullptr};  // what ranks other than 0 log into: it drops everything
   models::ModelSpec spec;
   DType dtype = DType::kF32;
   StepShape shape;
   std::unique_ptr<kernels::Backend> backend;
+  // With several ranks, or a launcher's one (engine/data_parallel.h; null
+  // otherwise). After the backend: NCCL's scalar buffer is its memory.
+  std::unique_ptr<DataParallel> dp;
+  bool leads() const { return !dp || dp->leads(); }
   std::optional<models::ModelProgram> program;
   kernels::GemmPeak peak;
   RunPlan run;  // a value: the trainer does not edit it

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <memory>
 #include <thread>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include "base/bytes.h"
 #include "comm/mpi_communicator.h"
@@ -106,6 +108,55 @@ TEST(DataParallel, TrainerWithoutTheRanksSaysHowToStartThem) {
   auto t = Trainer::Create(TwoRanks(), log);
   EXPECT_THAT(t, StatusIs(StatusCode::kInvalidArgument));
   EXPECT_THAT(t.status().message(), HasSubstr("mpirun -n 2"));
+}
+
+// A process a launcher started at world size 1 (mpirun -n 1, RANK=0
+// WORLD_SIZE=1) takes the ranks' path, over MPI on the CPU backend, and
+// trains as the plain run does.
+TEST(DataParallel, LaunchedAtWorldOneGivesThePlainLosses) {
+  if (!comm::BuiltWithMpi()) GTEST_SKIP() << "built without MPI";
+  TrainOptions o = testing::TinyTrainer(2);
+  o.backend = "cpu";
+  o.cpu_threads = 1;
+  o.steps = 4;
+  o.config.gradient_clipping = 1.0;
+  auto losses = [](const TrainOptions& opt, std::string* run_log) {
+    std::ostringstream log, out;
+    std::vector<double> l;
+    auto t = Trainer::Create(opt, log);
+    EXPECT_OK(t.status());
+    if (!t.ok()) return l;
+    for (int i = 0; i < 3; ++i) {
+      auto r = (*t)->Step();
+      EXPECT_OK(r.status());
+      if (r.ok()) l.push_back(r->loss);
+    }
+    EXPECT_OK((*t)->Run(out));
+    *run_log = out.str();
+    return l;
+  };
+  std::string plain_log, launched_log;
+  const std::vector<double> plain = losses(o, &plain_log);
+  o.launched = true;
+  const std::vector<double> launched = losses(o, &launched_log);
+  EXPECT_THAT(launched_log, HasSubstr("this is rank 0 of 1 (mpi)"));
+  EXPECT_THAT(plain_log, ::testing::Not(HasSubstr("data parallel")));
+  ASSERT_EQ(plain.size(), 3u);
+  EXPECT_EQ(plain, launched);
+}
+
+// The GPU a rank takes: LOCAL_RANK's among all, or the one a per-rank
+// CUDA_VISIBLE_DEVICES leaves.
+TEST(DataParallel, RankDeviceIsTheLocalRanks) {
+  comm::RankEnv env;
+  env.world_size = env.local_world_size = 4;
+  env.rank = env.local_rank = 2;
+  EXPECT_EQ(*RankDevice(env, 4), 2);
+  EXPECT_EQ(*RankDevice(env, 1), 0);
+  auto r = RankDevice(env, 2);
+  EXPECT_THAT(r, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_THAT(r.status().message(), HasSubstr("LOCAL_RANK=2"));
+  EXPECT_THAT(r.status().message(), HasSubstr("sees 2 GPUs"));
 }
 
 }  // namespace
