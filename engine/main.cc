@@ -5,6 +5,9 @@
 //                [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
+//                [--num-gpus N | --backend cpu --num-ranks N] [--hostfile FILE]
+//                [--master-addr ADDR] [--master-port PORT] [--launcher-args ARGS]
+//                                          (several ranks: engine/launcher.h)
 //   strata generate --model DIR [--prompt TEXT | --tokens IDS] ...   (engine/inference_cli.h)
 //   strata eval --model DIR --data FILE [--batches N]                (engine/inference_cli.h)
 //   strata report [--nvme PATH]... [--config FILE] [--json]   (engine/report.h)
@@ -36,6 +39,7 @@
 
 #include "base/bytes.h"
 #include "base/device.h"
+#include "comm/rank_env.h"
 #include "engine/budgets.h"
 #include "engine/checkpoint.h"
 #include "engine/cli_parse.h"
@@ -43,6 +47,7 @@
 #include "engine/config_change.h"
 #include "engine/config_json.h"
 #include "engine/inference_cli.h"
+#include "engine/launcher.h"
 #include "engine/model_config.h"
 #include "engine/report.h"
 #include "engine/signals.h"
@@ -114,6 +119,7 @@ struct TrainFlags {
   std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
+  strata::LaunchFlags launch;  // several ranks (engine/launcher.h)
   bool dry_run = false, after_backward = false, no_speculation = false, allow_config_change = false;
   po::variables_map given;  // which flags the command line gave
   std::string steps_help =
@@ -152,7 +158,21 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "within the threshold (same bits; saves the second master/m/v's host memory)")(
       "log-json", po::value(&f->log_json)->value_name("FILE"), "also append one JSON line per logged step to FILE")(
       "backend", po::value(&f->backend)->value_name("NAME"), "auto, cpu or cuda")(
-      "threads", po::value(&f->threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)");
+      "threads", po::value(&f->threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)")(
+      "num-gpus", po::value(&f->launch.num_gpus)->value_name("N"),
+      "data parallel: start N ranks, one per GPU of this machine (NCCL), each bound to its GPU's NUMA node; with "
+      "--hostfile, N per host")(
+      "num-ranks", po::value(&f->launch.num_ranks)->value_name("N"),
+      "with --backend cpu: start N CPU-backend ranks under Open MPI's mpirun (they talk over MPI)")(
+      "hostfile", po::value(&f->launch.hostfile)->value_name("FILE"),
+      "start ranks on the hosts of FILE (DeepSpeed's format: \"HOST slots=N\" a line): over ssh on the CUDA "
+      "backend, through mpirun on the CPU backend")(
+      "master-addr", po::value(&f->launch.master_addr)->value_name("ADDR"),
+      "rank 0's host for NCCL's rendezvous (default 127.0.0.1; with --hostfile, its first host)")(
+      "master-port", po::value(&f->launch.master_port)->value_name("PORT"), "its TCP port (default 29500)")(
+      "launcher-args", po::value(&f->launch.launcher_args)->value_name("ARGS"),
+      "more arguments for mpirun (--num-ranks, --backend cpu --hostfile) or ssh (--hostfile), e.g. "
+      "\"--oversubscribe\"");
   return desc;
 }
 
@@ -289,6 +309,7 @@ strata::Result<strata::TrainOptions> TrainOptionsFrom(const TrainFlags& f) {
   o.optimizer_after_backward = f.after_backward;
   o.speculative_update = !f.no_speculation;
   o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
+  o.launched = strata::StartedByLauncher([](const char* v) { return std::getenv(v); });
   for (auto [text, out, flag] : {std::tuple{&f.gpu_limit, &o.gpu_memory_limit, "--gpu-memory-limit"},
                                  std::tuple{&f.host_limit, &o.host_memory_limit, "--host-memory-limit"}}) {
     if (!f.Given(flag + 2)) continue;
@@ -345,6 +366,31 @@ int Train(int argc, char** argv) {
     std::cout << "usage: strata train [options]\n" << desc << "\n";
     return 0;
   }
+  for (const char* flag : {"num-gpus", "num-ranks", "master-port"})
+    if (f.Given(flag) && f.given[flag].as<int>() < 1)
+      return Fail(strata::InvalidArgument("--" + std::string(flag) + " " + std::to_string(f.given[flag].as<int>()) +
+                                          ": must be at least 1"));
+  if (f.Given("master-addr") && f.launch.master_addr.empty())
+    return Fail(strata::InvalidArgument("--master-addr was given an empty address"));
+  if (f.Given("hostfile")) {
+    if (strata::Status s = CheckPathFlag("--hostfile", f.launch.hostfile, false, true); !s.ok()) return Fail(s);
+  }
+  f.launch.backend = f.backend;
+  if (strata::Status s = strata::CheckLaunchFlags(f.launch); !s.ok()) return Fail(s);
+  if (strata::WantsLaunch(f.launch)) {
+    const auto getenv = [](const char* v) { return std::getenv(v); };
+    if (strata::StartedByLauncher(getenv)) {
+      // Started by mpirun, torchrun or our own launcher: join as the rank given.
+      std::cerr << "strata: started by a launcher (RANK/WORLD_SIZE or OMPI_COMM_WORLD_* set): joining its ranks; "
+                   "--num-gpus, --num-ranks and --hostfile start none\n";
+    } else if (f.dry_run) {
+      if (strata::Status s = strata::PretendRankZero(f.launch); !s.ok()) return Fail(s);  // rank 0's plan
+    } else {
+      auto code = strata::Launch(f.launch, std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
+      if (!code.ok()) return Fail(code.status());
+      return *code;
+    }
+  }
   auto o = TrainOptionsFrom(f);
   if (!o.ok()) return Fail(o.status());
   o->argv.assign(argv - 1, argv + argc);  // the JSON log's record of the command line ("strata", "train", ...)
@@ -362,6 +408,16 @@ int Train(int argc, char** argv) {
   strata::InstallStopSignalHandlers();  // engine/signals.h: a signal ends the step, saves, exits 128 + N
   auto t = strata::Trainer::Create(*o, std::cerr);
   if (!t.ok()) return Fail(t.status());
+  // Tests of the launcher (tests/engine/launcher_train.sh): the rank that
+  // STRATA_TEST_FAIL_RANK names exits with status 3 once set up, as a rank
+  // that dies would, while the others wait for it in the first step.
+  if (const char* fail = std::getenv("STRATA_TEST_FAIL_RANK"); fail && *fail && o->launched) {
+    auto env = strata::comm::RankEnvFromEnvironment();
+    if (env.ok() && std::to_string(env->rank) == fail) {
+      std::cerr << "strata: STRATA_TEST_FAIL_RANK=" << fail << ": rank " << fail << " exits with status 3\n";
+      std::_Exit(3);  // (as a dying rank: no MPI_Finalize, which would wait for the others)
+    }
+  }
   strata::Status s = (*t)->Run(std::cout);
   if (!s.ok()) return Fail(s);
   return 0;

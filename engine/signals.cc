@@ -42,7 +42,7 @@ void InstallStopSignalHandlers() {
   sa.sa_handler = OnSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;  // blocking calls go on; the run sees the flag at its next check
-  for (int s : {SIGINT, SIGTERM, SIGHUP}) sigaction(s, &sa, nullptr);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(s, &sa, nullptr);
 }
 
 int StopSignal() { return g_signal.load(std::memory_order_relaxed); }
@@ -56,6 +56,7 @@ const char* StopSignalName(int signal) {
     case SIGINT: return "SIGINT";
     case SIGTERM: return "SIGTERM";
     case SIGHUP: return "SIGHUP";
+    case SIGUSR1: return "SIGUSR1";
   }
   static thread_local char buf[24];
   std::snprintf(buf, sizeof buf, "signal %d", signal);

@@ -1,5 +1,8 @@
-// SIGINT, SIGTERM and SIGHUP during `strata train`: the first asks the run
-// to stop, the second ends the process at once.
+// SIGINT, SIGTERM, SIGHUP and SIGUSR1 during `strata train`: the first asks
+// the run to stop, the second ends the process at once. (SIGUSR1 is the
+// one Open MPI's mpirun passes on to its ranks without ending the job —
+// its SIGTERM kills them within seconds —, so the launcher,
+// engine/launcher.h, sends it to mpirun for a stop.)
 //
 // The handler does two async-signal-safe things: it sets an atomic flag
 // (the signal's number) and writes one line to stderr. Trainer::Run checks
@@ -10,7 +13,7 @@
 // without --save it says that nothing was saved. Run returns Cancelled and
 // `strata train` exits 128 + the signal's number (130 for SIGINT).
 //
-// A second signal (of any of the three) calls _exit(128 + its number) from
+// A second signal (of any of the four) calls _exit(128 + its number) from
 // the handler: nothing more is written; a save in progress leaves the
 // previous checkpoint intact and its temporary directory for the next run
 // to remove (engine/save_dir.h), as the NVMe swap files are
@@ -24,7 +27,7 @@
 
 namespace strata {
 
-// Installs the handlers for SIGINT, SIGTERM and SIGHUP (once; later calls
+// Installs the handlers for SIGINT, SIGTERM, SIGHUP and SIGUSR1 (once; later calls
 // do nothing).
 void InstallStopSignalHandlers();
 
@@ -36,7 +39,7 @@ void RequestStop(int signal);
 // Forgets a request (tests).
 void ClearStopRequest();
 
-// "SIGINT", "SIGTERM", "SIGHUP", or "signal N".
+// "SIGINT", "SIGTERM", "SIGHUP", "SIGUSR1", or "signal N".
 const char* StopSignalName(int signal);
 
 }  // namespace strata

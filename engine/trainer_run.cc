@@ -102,6 +102,9 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
                              std::to_string(step) + " of " + std::to_string(total);
     if (opt.save_dir.empty()) return Cancelled(what + "; nothing was saved (no --save DIR)");
     if (saved_step != step) RETURN_IF_ERROR(save().WithContext(what + "; saving the state"));
+    // The others wait for rank 0's save: under mpirun a rank that exits
+    // non-zero ends the job, the saving rank with it.
+    if (dp) RETURN_IF_ERROR(dp->AnyStop(sig).status().WithContext(what + "; waiting for rank 0's save"));
     return Cancelled(what + "; the state was saved to " + last_saved + " (continue with --resume " + opt.save_dir +
                      ")");
   };
