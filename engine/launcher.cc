@@ -158,8 +158,8 @@ Result<std::vector<ChildSpec>> SshChildren(const LaunchFlags& f, const std::vect
         (k.rfind("STRATA_", 0) == 0 && k.rfind("STRATA_LAUNCH_", 0) != 0))
       passed += " " + k + "=" + Quote(kv.substr(eq + 1));
   }
-  err << "strata: launching " << world << " ranks on " << hosts.size() << " hosts of " << f.hostfile << " over ssh (master "
-      << addr << ":" << port << ")\n";
+  err << "strata: launching " << world << " ranks on " << hosts.size() << " hosts of " << f.hostfile
+      << " over ssh (master " << addr << ":" << port << ")\n";
   const char* ssh = std::getenv("STRATA_SSH");
   std::vector<ChildSpec> out;
   int rank0 = 0;
@@ -193,7 +193,8 @@ bool StartedByLauncher(const std::function<const char*(const char*)>& getenv) {
 
 Status CheckLaunchFlags(const LaunchFlags& f) {
   for (auto [flag, v] : {std::pair{"--num-gpus", f.num_gpus}, std::pair{"--num-ranks", f.num_ranks}})
-    if (v < 0 || v > 4096) return InvalidArgument(std::string(flag) + " " + std::to_string(v) + ": must be from 1 to 4096");
+    if (v < 0 || v > 4096)
+      return InvalidArgument(std::string(flag) + " " + std::to_string(v) + ": must be from 1 to 4096");
   if (f.num_gpus > 0 && f.num_ranks > 0)
     return InvalidArgument("--num-gpus and --num-ranks exclude each other (GPU ranks or CPU ranks)");
   if (f.num_gpus > 0 && f.backend == "cpu")

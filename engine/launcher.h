@@ -19,7 +19,8 @@
 //                       --oversubscribe). mpirun binds and places them.
 //   --hostfile FILE     several machines (engine/hostfile.h's format). The
 //                       CUDA backend: one ssh per host (`ssh HOST CMD`,
-//                       --launcher-args before HOST) runs `cd $PWD && strata
+//                       --launcher-args before HOST; STRATA_SSH names
+//                       another ssh) runs `cd $PWD && strata
 //                       train ... --num-gpus SLOTS` there (the same strata
 //                       path and working directory on every host, as
 //                       DeepSpeed's launcher assumes), NCCL_*, UCX_* and

@@ -330,7 +330,8 @@ GroupResult ProcessGroup::Run(const std::vector<ChildSpec>& specs, std::ostream&
   for (Child& c : children)  // the ranks' unfinished lines under mpirun
     if (c.spec->mpirun_tagged)
       for (auto& [key, text] : rank_partial)
-        if (!text.empty()) emit(c, key.first, key.second < 0 ? c.spec->label : "rank " + std::to_string(key.second), text);
+        if (!text.empty())
+          emit(c, key.first, key.second < 0 ? c.spec->label : "rank " + std::to_string(key.second), text);
   for (Child& c : children) {
     for (Stream* s : {&c.out, &c.err})
       if (s->fd >= 0) ::close(s->fd), s->fd = -1;
