@@ -3,10 +3,13 @@
 // named first with its status and stderr tail, the others stopped, a
 // signal to the launcher passed on, mpirun's tagged lines sorted by rank.
 // `strata train` launching ranks: tests/engine/launcher_train.sh.
+#include <sched.h>
 #include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -14,6 +17,7 @@
 #include "base/clock.h"
 #include "engine/launcher.h"
 #include "engine/process_group.h"
+#include "engine/rank_binding.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -163,6 +167,31 @@ TEST(ProcessGroup, AProgramThatIsNotThereEndsWith127) {
   GroupResult r = ProcessGroup(5).Run({c}, out, err);
   EXPECT_EQ(r.exit_code, 127);
   EXPECT_THAT(r.report, HasSubstr("cannot run /nonexistent/strata"));
+}
+
+// Ranks whose GPU's node is unknown share the machine's cores in equal runs;
+// a forked child bound to rank 1's share runs on those PUs only.
+TEST(RankBindings, RanksOfUnknownNodesSplitTheMachinesCores) {
+  const int cpus = static_cast<int>(std::thread::hardware_concurrency());
+  const RankBindings b = RankBindings::ForGpus({"", ""});
+  ASSERT_EQ(b.size(), 2u);
+  if (b.Describe(0).rfind("unbound", 0) == 0) GTEST_SKIP() << b.Describe(0);
+  EXPECT_THAT(b.Describe(0), HasSubstr("any NUMA node, "));
+  EXPECT_THAT(b.Describe(1), HasSubstr("of the machine's"));
+  if (cpus < 2) GTEST_SKIP() << "one CPU: nothing to split";
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    if (!b.Bind(1).empty()) ::_exit(3);  // the OS refused: a warning, not this test's subject
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof set, &set) != 0) ::_exit(2);
+    ::_exit(CPU_COUNT(&set) < cpus && !CPU_ISSET(0, &set) ? 0 : 1);  // rank 1: the second half, not PU 0
+  }
+  int st = 0;
+  ASSERT_EQ(::waitpid(pid, &st, 0), pid);
+  ASSERT_TRUE(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 3) GTEST_SKIP() << "binding refused here";
+  EXPECT_EQ(WEXITSTATUS(st), 0) << b.Describe(1);
 }
 
 }  // namespace
