@@ -386,6 +386,8 @@ int Train(int argc, char** argv) {
     } else if (f.dry_run) {
       if (strata::Status s = strata::PretendRankZero(f.launch); !s.ok()) return Fail(s);  // rank 0's plan
     } else {
+      // The command line's own errors once, here, rather than from every rank.
+      if (strata::Status s = CheckTrainFlags(f); !s.ok()) return Fail(s);
       auto code = strata::Launch(f.launch, std::vector<std::string>(argv + 1, argv + argc), std::cout, std::cerr);
       if (!code.ok()) return Fail(code.status());
       return *code;
