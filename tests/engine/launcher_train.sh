@@ -89,8 +89,11 @@ sed -n "${report%%:*},\$p" failed | grep -q '\[rank 1\] strata: STRATA_TEST_FAIL
 
 # 3. SIGTERM to the launcher reaches the ranks: they stop after the step and save.
 sed 's/"steps": 3/"steps": 100000/' config.json >long.json
-timeout 300 "$strata" train --backend cpu --num-ranks 2 --launcher-args "$args" --threads 1 --config long.json \
-  --save ckpt >stopped 2>&1 &
+# --foreground: a plain `timeout` passes the TERM below to its child and
+# then to its whole process group, so the launcher would see two signals
+# (the second means "exit now, save nothing") and the save would race it.
+timeout --foreground 300 "$strata" train --backend cpu --num-ranks 2 --launcher-args "$args" --threads 1 \
+  --config long.json --save ckpt >stopped 2>&1 &
 pid=$!
 i=0
 until grep -q 'step 2/' stopped 2>/dev/null; do
