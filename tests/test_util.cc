@@ -1,6 +1,10 @@
 #include "tests/test_util.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -66,5 +70,18 @@ std::string SeedNote(uint64_t seed) {
 std::string SourcePath(const std::string& rel) { return std::string(STRATA_SOURCE_DIR) + "/" + rel; }
 
 bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }
+
+int FreeLoopbackPort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  a.sin_port = 0;
+  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+  socklen_t len = sizeof a;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
 
 }  // namespace strata::testing

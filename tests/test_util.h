@@ -64,6 +64,10 @@ std::string SourcePath(const std::string& rel);
 // True when a CUDA device is usable; otherwise *why says why.
 bool HaveGpu(std::string* why = nullptr);
 
+// A loopback TCP port nobody listens on now (the kernel's pick), for
+// rendezvous tests.
+int FreeLoopbackPort();
+
 }  // namespace strata::testing
 
 #define ASSERT_OK(expr) ASSERT_THAT((expr), ::strata::testing::IsOk())

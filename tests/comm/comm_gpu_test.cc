@@ -3,8 +3,6 @@
 // against known values on the caller's stream, the rendezvous's error when
 // a rank does not arrive, and the watchdog ending a collective whose peer
 // never comes with an error within the timeout.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -28,6 +26,7 @@ namespace strata::comm {
 namespace {
 
 using ::strata::testing::StatusIs;
+using ::strata::testing::FreeLoopbackPort;
 using ::testing::HasSubstr;
 
 #define SKIP_WITHOUT_NCCL()                                                          \
@@ -37,18 +36,6 @@ using ::testing::HasSubstr;
   } while (0)
 
 #if STRATA_WITH_CUDA
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 RankEnv Rank(int rank, int world, int port) {
   RankEnv e;
@@ -140,7 +127,7 @@ void CheckCollectives(Communicator& c) {
 
 TEST(NcclCommunicator, WorldOfOne) {
   SKIP_WITHOUT_NCCL();
-  ASSERT_OK_AND_ASSIGN(auto c, CreateNcclCommunicator(Rank(0, 1, FreePort()), 0, CommOptions{}));
+  ASSERT_OK_AND_ASSIGN(auto c, CreateNcclCommunicator(Rank(0, 1, FreeLoopbackPort()), 0, CommOptions{}));
   EXPECT_EQ(c->backend(), "nccl");
   EXPECT_EQ(c->world_size(), 1);
   CheckCollectives(*c);
@@ -159,7 +146,7 @@ void TwoRanks(const std::function<void(int)>& body) {
 TEST(NcclCommunicator, TwoRanksOnTwoGpus) {
   SKIP_WITHOUT_NCCL();
   if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << CudaDeviceCount();
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   TwoRanks([&](int r) {
     auto c = CreateNcclCommunicator(Rank(r, 2, port), r, CommOptions{});
     ASSERT_OK(c.status()) << "rank " << r;
@@ -172,7 +159,7 @@ TEST(NcclCommunicator, RankThatDoesNotArriveIsNamed) {
   CommOptions o;
   o.timeout_s = 1;
   const double t0 = NowSeconds();
-  auto c = CreateNcclCommunicator(Rank(0, 2, FreePort()), 0, o);
+  auto c = CreateNcclCommunicator(Rank(0, 2, FreeLoopbackPort()), 0, o);
   EXPECT_LT(NowSeconds() - t0, 10);
   EXPECT_THAT(c, StatusIs(StatusCode::kUnavailable));
   EXPECT_THAT(c.status().message(), HasSubstr("rank(s) 1 of 2 did not arrive"));
@@ -184,7 +171,7 @@ TEST(NcclCommunicator, RankThatDoesNotArriveIsNamed) {
 TEST(NcclCommunicator, CollectiveWhosePeerNeverComesTimesOut) {
   SKIP_WITHOUT_NCCL();
   if (CudaDeviceCount() < 2) GTEST_SKIP() << "needs 2 GPUs; this machine has " << CudaDeviceCount();
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   CommOptions o;
   o.timeout_s = 2;
   TwoRanks([&](int r) {

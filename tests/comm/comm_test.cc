@@ -2,8 +2,6 @@
 // rendezvous between threads standing in for ranks (and its errors when a
 // rank does not arrive), and the MPI communicator at world size 1. The
 // collectives across 2 and 3 ranks run under mpirun: tests/comm/mpi_ranks.cc.
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
@@ -23,6 +21,7 @@ namespace strata::comm {
 namespace {
 
 using ::strata::testing::StatusIs;
+using ::strata::testing::FreeLoopbackPort;
 using ::testing::HasSubstr;
 
 GetEnv From(const std::map<std::string, std::string>& vars) {
@@ -93,20 +92,6 @@ TEST(RankEnv, BadValuesNameTheVariable) {
   EXPECT_THAT(spread.status().message(), HasSubstr("MASTER_ADDR is not set"));
 }
 
-// A port nobody listens on now (the kernel's pick).
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
-
 RankEnv Rank(int rank, int world, int port) {
   RankEnv e;
   e.rank = rank;
@@ -117,7 +102,7 @@ RankEnv Rank(int rank, int world, int port) {
 }
 
 TEST(TcpRendezvous, RankZeroBlobReachesEveryRank) {
-  const int port = FreePort(), world = 3;
+  const int port = FreeLoopbackPort(), world = 3;
   std::string id(128, '\0');  // as NCCL's id: binary, zeros included
   for (size_t i = 0; i < id.size(); ++i) id[i] = static_cast<char>(i * 7);
   std::vector<Result<std::string>> got(world, Status(Internal("not run")));
@@ -133,7 +118,7 @@ TEST(TcpRendezvous, RankZeroBlobReachesEveryRank) {
 }
 
 TEST(TcpRendezvous, MissingRankIsNamedToRankZeroAndTheOthers) {
-  const int port = FreePort(), world = 3;
+  const int port = FreeLoopbackPort(), world = 3;
   Result<std::string> zero = Status(Internal("not run")), one = zero;
   const double t0 = NowSeconds();
   std::thread a([&] { zero = ShareFromRankZero(Rank(0, world, port), "id", 1.0); });
@@ -150,14 +135,14 @@ TEST(TcpRendezvous, MissingRankIsNamedToRankZeroAndTheOthers) {
 
 TEST(TcpRendezvous, NoRankZeroIsNamed) {
   const double t0 = NowSeconds();
-  auto r = ShareFromRankZero(Rank(1, 2, FreePort()), "", 0.5);
+  auto r = ShareFromRankZero(Rank(1, 2, FreeLoopbackPort()), "", 0.5);
   EXPECT_LT(NowSeconds() - t0, 5.0);
   EXPECT_THAT(r, StatusIs(StatusCode::kUnavailable));
   EXPECT_THAT(r.status().message(), HasSubstr("could not reach rank 0 at 127.0.0.1:"));
 }
 
 TEST(TcpRendezvous, RankOfAnotherJobIsTurnedAway) {
-  const int port = FreePort();
+  const int port = FreeLoopbackPort();
   Result<std::string> zero = Status(Internal("not run")), stray = zero;
   std::thread a([&] { zero = ShareFromRankZero(Rank(0, 2, port), "id", 1.5); });
   std::thread b([&] { stray = ShareFromRankZero(Rank(1, 4, port), "", 1.5); });  // thinks the job has 4 ranks

@@ -4,9 +4,6 @@
 // gradient all-reduced on the step's stream, the scalars through device
 // memory — and the losses are the plain single-rank run's, bit for bit (a
 // sum over one rank is the value). Skips without a GPU or NCCL.
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -23,19 +20,8 @@
 namespace strata {
 namespace {
 
+using ::strata::testing::FreeLoopbackPort;
 using ::testing::HasSubstr;
-
-int FreePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
-  socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
-  ::close(fd);
-  return ntohs(a.sin_port);
-}
 
 // The launcher's variables for the test's lifetime.
 class LauncherEnv {
@@ -90,7 +76,7 @@ TEST_P(DataParallelGpu, NcclAtWorldOneGivesThePlainLosses) {
   const std::vector<double> plain = Losses(TinyGpu(GetParam()), &plain_log);
   std::vector<double> nccl;
   {
-    LauncherEnv env(FreePort());
+    LauncherEnv env(FreeLoopbackPort());
     TrainOptions o = TinyGpu(GetParam());
     o.launched = true;
     nccl = Losses(o, &nccl_log);

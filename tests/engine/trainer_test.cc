@@ -8,6 +8,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <sstream>
 
@@ -399,18 +401,31 @@ TEST(Trainer, DeletedSwapFileStopsTheNextStepAndTheCheckpointSurvives) {
 
 // The swap files in `dir` overwritten in place (another process writing
 // into them, a stray dd): every value of each replaced, the size kept.
-int OverwriteSwapFiles(const std::string& dir) {
+// `seen`, when given, gets what was found (each entry, its size and what
+// failed), for the failure message.
+int OverwriteSwapFiles(const std::string& dir, std::string* seen = nullptr) {
   int n = 0;
+  std::ostringstream what;
+  what << dir << ":";
   for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    what << " " << e.path().filename().string();
     if (!e.is_regular_file()) continue;
+    what << " (" << e.file_size() << " bytes)";
     const int fd = ::open(e.path().c_str(), O_WRONLY | O_CLOEXEC);
-    if (fd < 0) continue;
+    if (fd < 0) {
+      what << " open: " << std::strerror(errno);
+      continue;
+    }
     // Plausible values (fp32 0.01), so that nothing but a checksum can tell.
     const std::vector<float> junk(static_cast<size_t>(e.file_size()) / 4, 0.01f);
     const auto bytes = static_cast<ssize_t>(junk.size() * 4);
-    if (::pwrite(fd, junk.data(), static_cast<size_t>(bytes), 0) == bytes && ::fsync(fd) == 0) ++n;
+    if (::pwrite(fd, junk.data(), static_cast<size_t>(bytes), 0) == bytes && ::fsync(fd) == 0)
+      ++n;
+    else
+      what << " pwrite/fsync: " << std::strerror(errno);
     ::close(fd);
   }
+  if (seen != nullptr) *seen = what.str();
   return n;
 }
 
@@ -429,7 +444,8 @@ TEST(Trainer, SwapFileOverwrittenInPlaceIsDataLossNamingTheFileAndOffset) {
     std::ostringstream log;
     ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
     ASSERT_OK(t->Step().status());
-    ASSERT_GE(OverwriteSwapFiles(nvme.path()), 1);
+    std::string seen;
+    ASSERT_GE(OverwriteSwapFiles(nvme.path(), &seen), 1) << seen;
     Status failure;
     for (int i = 0; i < 4 && failure.ok(); ++i) failure = t->Step().status();
     if (std::string(checksum) == "none") {
