@@ -4,7 +4,7 @@
 # copy's own build folder (ccache makes reruns cheap), runs the tests meant to
 # catch each one, and prints a table: mutant | caught by | survived?
 #
-#   scripts/mutate.sh [--gpu] [--dir DIR] [--only NAME[,NAME...]] [--list]
+#   scripts/mutate.sh [--gpu] [--dir DIR] [--only NAME[,NAME...]] [--list] [--prepare]
 #
 #   --gpu    also the CUDA mutants (their tests need a GPU: label gpu);
 #            without it they are listed as not run
@@ -13,6 +13,9 @@
 #            the worktree's own build and most objects are cache hits)
 #   --only   just these mutants
 #   --list   print the mutants and exit
+#   --prepare  copy and build the unmutated copy's test targets, then exit
+#            (a GPU machine's first call builds it beside other work; a later
+#            call on the same machine then runs the mutants at once)
 #
 # Each mutant is a textual patch: the exact text to replace in one file and
 # its replacement; a patch whose text is missing fails loudly (the code moved:
@@ -108,6 +111,7 @@ ap.add_argument("--gpu", action="store_true")
 ap.add_argument("--dir", default="build/mutate")
 ap.add_argument("--only", default="")
 ap.add_argument("--list", action="store_true")
+ap.add_argument("--prepare", action="store_true")
 a = ap.parse_args()
 if a.list:
     for m in MUTANTS:
@@ -154,8 +158,12 @@ for dirpath, dirnames, filenames in os.walk(src):
         if rel not in wanted:
             os.remove(os.path.join(dirpath, fn))
 
-env = dict(os.environ, CMAKE_CXX_COMPILER_LAUNCHER="ccache", CMAKE_C_COMPILER_LAUNCHER="ccache",
-           CMAKE_CUDA_COMPILER_LAUNCHER="ccache")
+# ccache where there is one (a GPU machine may lack it: the copy is then built
+# without, at the cost of a full first build).
+env = dict(os.environ)
+if shutil.which("ccache"):
+    env.update(CMAKE_CXX_COMPILER_LAUNCHER="ccache", CMAKE_C_COMPILER_LAUNCHER="ccache",
+               CMAKE_CUDA_COMPILER_LAUNCHER="ccache")
 if not os.path.exists(os.path.join(build, "build.ninja")):
     r = sh(["cmake", "-S", src, "-B", build, "-G", "Ninja", "-DCMAKE_BUILD_TYPE=Release"], env=env,
            capture_output=True, text=True)
@@ -193,6 +201,9 @@ ok, log = build_targets(targets)
 if not ok:
     print(log)
     sys.exit("mutate: the unmutated copy does not build")
+if a.prepare:
+    print(f"mutate: the unmutated copy is built ({len(targets)} test binaries, in {build})")
+    sys.exit(0)
 for b, flt in sorted({t for m in run for t in m[6]}):
     rc, failed, out, _ = run_test(b, flt)
     if rc != 0:
