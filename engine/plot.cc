@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
@@ -103,6 +104,7 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
   for (size_t p = 0; p < panels.size(); ++p) {
     const PlotPanel& panel = panels[p];
     size_t points = 0;
+    double x_lo = INFINITY, x_hi = -INFINITY;
     for (size_t s = 0; s < panel.series.size(); ++s) {
       const PlotSeries& ser = panel.series[s];
       if (ser.x.size() != ser.y.size())
@@ -112,6 +114,8 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
       for (size_t i = 0; i < ser.x.size(); ++i)
         if (std::isfinite(ser.x[i]) && std::isfinite(ser.y[i])) {
           gp << ser.x[i] << " " << ser.y[i] << "\n";
+          x_lo = std::min(x_lo, ser.x[i]);
+          x_hi = std::max(x_hi, ser.x[i]);
           ++points;
         }
       gp << "EOD\n";
@@ -120,6 +124,15 @@ Status WritePlot(const std::string& png_path, const std::string& title, const st
     gp << "set title " << Quoted(panel.title) << "\nset xlabel " << Quoted(panel.xlabel) << "\nset ylabel "
        << Quoted(panel.ylabel) << "\n";
     gp << (panel.log2_x ? "set logscale x 2\n" : "unset logscale x\n");
+    // A little room past the first and last x: gnuplot drops a tic that
+    // rounding puts just outside an autoscaled range (the largest transfer
+    // size, the most threads).
+    if (panel.log2_x && x_lo > 0) {
+      gp << "set xrange [" << x_lo / 1.05 << ":" << x_hi * 1.05 << "]\n";
+    } else {
+      const double pad = x_hi > x_lo ? 0.02 * (x_hi - x_lo) : 1.0;
+      gp << "set xrange [" << x_lo - pad << ":" << x_hi + pad << "]\n";
+    }
     gp << "set yrange [0:*]\n";
     if (panel.xtics.empty()) {
       gp << "set xtics autofreq\n";
