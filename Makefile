@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # strata — the two commands that set up a fresh machine:
 #   make run    install missing Debian packages, build, train the default model
 #   make test   install missing Debian packages, build, run the test suite (no GPU tests)

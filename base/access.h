@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How a holder uses a tensor's contents while it holds them: the vocabulary
 // of the tier store's Acquire, the prefetcher's schedule and the model's
 // passes alike.

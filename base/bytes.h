@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Byte sizes: parsing "24GiB"/"512MB"/"1.5G" and printing them back.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C boundary's shared part (base/c_api.h, base/c_api_internal.h): the
 // status codes, the error object, Status -> strata_error and the checked enum
 // conversions. Compiled into libstrata.so only.

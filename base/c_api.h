@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C boundary's shared vocabulary (libstrata.so): the status codes, the
  * error object, the tier and dtype enums, and the export macro, used by the
  * tier store's C API (tiers/c_api.h) and the Adam's (optim/c_api.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // C++ side of the C API boundary (base/c_api.h: the shared part of tiers/c_api.h and optim/c_api.h): turning a
 // Status into a strata_error, catching every exception, checking the enums a
 // C caller passes as plain ints. Used only by the c_api.cc files, which are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one clock strata measures time with: seconds on the steady clock (never
 // adjusted, so differences are durations), as a double.
 #pragma once

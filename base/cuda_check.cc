@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CudaStatus: the one boundary where CUDA runtime errors become Status values.
 #include "base/cuda_check.h"
 

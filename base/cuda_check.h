@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one boundary where CUDA runtime errors become Status values.
 //
 // CudaStatus() also clears the runtime's last-error slot for non-sticky errors

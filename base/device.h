@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What GPU, if any, this process can use.
 //
 // Everything here works in a build without CUDA (it then reports no GPU), so

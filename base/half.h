@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scalar fp16 / bf16 <-> fp32 conversions, round-to-nearest-even, exact for
 // NaN/Inf/subnormals. These are the reference the SIMD paths (optim/) and the
 // CPU backend (kernels/) are tested against; they are plain C++ and usable on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the host has in memory, read once per call from the kernel.
 //
 // "Available" has one meaning in strata: the kernel's MemAvailable (its

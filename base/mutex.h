@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Mutex, MutexLock and CondVar: std::mutex and std::condition_variable with
 // clang's thread-safety annotations (base/thread_annotations.h), so that
 // GUARDED_BY / REQUIRES on code that uses them are checked, not comments

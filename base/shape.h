@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor shapes: up to 8 dimensions, row-major.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Status and Result<T>: every error in strata is a value.
 //
 // A Status is OK or carries a code, a message and the facts a caller needs to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Clang thread-safety annotations (no-ops elsewhere), as leveldb and abseil
 // use them: fields shared between threads say which mutex guards them, and
 // functions say which they need held. They are checked by clang's

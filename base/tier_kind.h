@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The three tiers of the store, fastest first.
 #pragma once
 

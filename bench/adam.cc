@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench adam: the CPU Adam step against the host memory roof.
 //
 // Workloads (one row per size x thread count x ISA path x dtype config):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `aio` block of a ds_config.json as strata-bench nvme --tune prints it:
 // the text to paste (a JSON member, `"aio": {...}`, two-space indented), and
 // exactly what engine/config.h's reader accepts (tests/bench parses it back).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench all: the whole machine report in one command.
 //
 // Runs every component benchmark at sizes chosen for a few minutes in all

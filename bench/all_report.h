@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench all's results and how they become the report: report.md
 // with its headline table (every link and component: the figure, its
 // baseline measured in the same run, the ratio), what bounds offloaded

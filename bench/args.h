@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench's argument checks: every flag's value is checked against its
 // range before anything is measured, and a value out of it is named with the
 // range ("--tensor 0 B: must be at least 4.00 KiB"), never clamped, wrapped

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench attention: the causal flash attention kernels of the CUDA
 // backend, forward and backward, for every kernel variant
 // (kernels/cuda/cuda_backend.h, kFlashVariants), beside the bf16 GEMM rate

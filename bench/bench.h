@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench: shared pieces for the subcommands.
 //
 // Each subcommand lives in its own file (bench/<name>.cc) and registers itself

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench: offload bandwidth and component benchmarks.
 //
 // Subcommands (each in bench/<name>.cc) register themselves; `strata-bench`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench nvme: sequential write, read and mixed transfers through the
 // NvmeTier, beside a plain io_uring O_DIRECT loop on the same file in the
 // same run (bench/nvme_measure.h says what each pass does).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One NVMe setting measured: the NvmeTier beside the raw io_uring loop on
 // the tier's own swap file, in the same run (strata-bench nvme's sweep and
 // its --tune both call it, and so does `strata-bench all` through them).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench/offload_bound.h"
 
 #include <algorithm>

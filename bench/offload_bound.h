@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What bounds offloaded training on this machine: for a model size, the
 // plan strata train would make (engine/budgets.h, engine/planner.h) under
 // this machine's GPU and host budgets, the bytes

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench pcie: host<->device copies through the CopyEngine, beside plain
 // pinned cudaMemcpyAsync in the same run.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "bench/peers.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench train --peers: what a user would run instead of strata, on
 // the same shape in the same run, beside strata's own tokens/s.
 //

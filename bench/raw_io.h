@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the benchmarks: page-aligned buffers and the plain io_uring
 // O_DIRECT loop that is the physical baseline for NVMe figures.
 #pragma once

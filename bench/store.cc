@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench store: moving tensors gpu <-> host <-> nvme through the
 // TierStore API, beside the raw links measured in the same run, and the
 // store's bookkeeping cost per operation.

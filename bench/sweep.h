@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A sweep's two courtesies to the person running it: a progress line with
 // the time left, and a clean stop on Ctrl-C.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench train: training-step throughput of the GPT model.
 //
 // Workloads (pick one; each is a function in kWorkloads below):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench train --workload NAME: the offload trainer on a named workload.
 //
 // Workloads (docs/benchmarks.md has the figures measured so far):

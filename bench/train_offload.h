@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench train --workload NAME: the offload trainer (engine/trainer.h)
 // on a named workload, each figure beside its baseline measured in the same
 // run. See bench/train_offload.cc for the workloads and targets.

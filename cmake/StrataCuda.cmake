@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Decides whether the CUDA parts are built.
 #   STRATA_WITH_CUDA  ON/OFF for the rest of the build.
 # CUDA architectures default to the local GPU's compute capability (read with

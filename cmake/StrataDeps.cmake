@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Third-party dependencies, all from Debian's packages (see scripts/install-deps.sh).
 find_package(Threads REQUIRED)
 find_package(PkgConfig REQUIRED)

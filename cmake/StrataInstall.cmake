@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # What `cmake --install` puts under the prefix, for projects that embed strata:
 #   include/strata/<folder>/...    the public headers (only those an embedder
 #                                  includes, and what they include)

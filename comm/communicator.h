@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator: the collectives that data-parallel ranks run over one
 // interface, whatever carries them (NCCL between GPUs, comm/
 // nccl_communicator.h; MPI between CPU-backend ranks, comm/

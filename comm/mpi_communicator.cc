@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/mpi_communicator.h"
 
 #if STRATA_WITH_MPI

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator over MPI (Open MPI from Debian), for ranks on the CPU
 // backend: host buffers, collectives complete when the call returns.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The communicator over NCCL, for ranks on the CUDA backend: device
 // buffers, each collective enqueued on the caller's stream.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/rank_env.h"
 
 #include <cerrno>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Who this process is among the ranks of a job, read from the environment
 // its launcher set: torchrun's and DeepSpeed's launcher's RANK, WORLD_SIZE,
 // LOCAL_RANK, MASTER_ADDR, MASTER_PORT, or Open MPI's mpirun's

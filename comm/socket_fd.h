@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A TCP socket: the file descriptor, closed at destruction (move-only), and
 // whole-buffer send and receive bounded by a deadline (comm/
 // tcp_rendezvous.h's only transport).

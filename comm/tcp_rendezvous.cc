@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "comm/tcp_rendezvous.h"
 
 #include <arpa/inet.h>

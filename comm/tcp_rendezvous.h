@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rank 0 hands one small blob (NCCL's unique id) to every other rank over
 // TCP, before any collective exists: the rendezvous torchrun's and
 // DeepSpeed's launchers expect (MASTER_ADDR:MASTER_PORT, comm/rank_env.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The budgets a run plans within, and the plan: one function that both
 // `strata train --dry-run` and a real run call, so the printed plan is the
 // plan that runs.

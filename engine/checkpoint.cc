@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints (engine/checkpoint.h): the save — state files, the Hugging
 // Face files, the manifest with every file's checksum, into place — and the
 // load — the manifest and every file verified, then the tensors validated

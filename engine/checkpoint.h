@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints: strata's own state (fp32 master weights and Adam moments),
 // beside it a Hugging Face model directory of the same weights (loadable by
 // transformers.AutoModelForCausalLM.from_pretrained: GPT2LMHeadModel for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the subcommands of strata share on their command lines: options
 // parsed without prefix guessing and an unknown one answered with the
 // nearest known ("did you mean"), and the backend a --backend value names.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Training configuration: a DeepSpeed ds_config.json, read as it is, plus
 // strata's own `model`, `data` and `trainer` sections.
 //

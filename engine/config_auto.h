@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face-style "auto" values (engine/config.cc's, internal), resolved
 // as transformers' HfTrainerDeepSpeedConfig resolves them, from what strata
 // knows in place of the HF Trainer's arguments: the config's `trainer`

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a resume changes: the config a checkpoint recorded (its manifest's
 // `config`, ConfigToJson's) against the run's, key by key, each change
 // classified by whether the resumed run still computes the uninterrupted

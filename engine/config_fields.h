@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The config's field tables (engine/config.cc's, internal): a section's
 // rows, read in order by ReadSection and written by WriteSection, so that a
 // field added once is read, range-checked and written back.

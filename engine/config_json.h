@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A config file's text into JSON, at the boundary where anything may arrive:
 // a FIFO, a device, a directory, a file of gigabytes, a number beyond
 // double's range, 100,000 nested arrays, a key given twice, invalid UTF-8.

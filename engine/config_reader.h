@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The config's key reader (engine/config.cc's, internal): one JSON object of
 // the config with its path, every key read marked, so that Finish() can
 // classify the rest: DeepSpeed keys strata does not implement warn or are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Training data: token streams from files, memory-mapped, cut into batches.
 //
 // Formats (DataConfig::format, "auto" picks by content):

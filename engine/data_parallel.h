@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data parallelism: the trainer's ranks over a communicator (comm/
 // communicator.h), one per process: started by mpirun on the CPU backend
 // (over MPI), by `strata train --num-gpus N` (engine/launcher.h), torchrun

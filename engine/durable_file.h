@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small files written so that a crash never leaves half of one, and the
 // checksum that checkpoints record of every file (crc32c with the CPU's
 // instruction, tiers/nvme/checksum.h).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata eval: the mean loss and perplexity of a model directory
 // (engine/inference_model.h) on a file, over the windows the trainer's
 // validation reads (DataLoader::Val over the whole file, as with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Evaluation: the mean loss over validation batches, by the same passes as
 // training (models/passes.h Evaluate) in an environment of their own: the
 // parameters are acquired from the store directly (a streamed block's are

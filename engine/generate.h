@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Generation: a prompt's tokens prefilled into the decoder (models/decoder.h)
 // in one step, then one token per step against the cache, each chosen by
 // the sampler (engine/sampling.h) and handed to `emit` as soon as it is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata generate: samples a continuation of a prompt from a model directory
 // (engine/inference_model.h), streaming each token to stdout as it is chosen.
 // Byte-level models (vocabulary 256) take the prompt as text and print text;

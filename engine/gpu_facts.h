@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What `strata report` says about the GPUs and the NVIDIA libraries: CUDA
 // runtime and driver versions, each GPU's memory, compute capability, PCIe
 // link and NUMA node, and the NCCL and cuBLASLt versions.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GradientCounts: each unit's non-finite gradient count, copied down from the
 // GPU's gradient statistics after the unit's gradient work, for the update
 // that runs during the backward (it must never apply a shard whose own

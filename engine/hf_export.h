@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a step directory carries beside the weights so that Hugging Face
 // loads it as a model directory (AutoModelForCausalLM.from_pretrained,
 // AutoTokenizer.from_pretrained): the family's config.json, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which tensor of a Hugging Face model's weights (engine/hf_weights.h) is
 // which parameter of a ModelSpec, checked before anything is loaded: every
 // parameter is there (under its Hugging Face name, or without the family's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A Hugging Face model's weights as save_pretrained writes them, read one
 // safetensors file at a time:
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face weights as save_pretrained writes them, streamed parameter by
 // parameter from fp32 values: one model.safetensors when everything fits in
 // one shard, else model-0000N-of-0000M.safetensors with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The hostfile of a launch over several machines: DeepSpeed's format (and
 // Open MPI's), one host a line —
 //

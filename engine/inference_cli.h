@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata generate and strata eval: the command lines (engine/generate_cli.cc,
 // engine/eval_cli.cc). Each returns the process's exit status: 0, 2 for a
 // bad argument (named in the message), 1 for any other error.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata eval's computation: the mean loss of a loaded model
 // (engine/inference_model.h) over the validation batches of a DataLoader, by
 // the trainer's own evaluation loop (engine/evaluation.h MeanValLoss) and

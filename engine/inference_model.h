@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A trained model loaded to run it (strata generate, strata eval): from a
 // checkpoint step directory, a --save directory (its `latest`), or a Hugging
 // Face model directory — a model.safetensors with the config.json beside it

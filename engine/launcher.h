@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata train`'s launcher: the ranks of a data-parallel run
 // (engine/data_parallel.h) started for the user, on this machine or over
 // ssh, as torchrun's and DeepSpeed's launchers start theirs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bytes over the step's links: the store's counters (every host<->GPU byte
 // goes through its copy engine, the store's moves and the optimizer's copies
 // alike; NVMe through its tier), and the optimizer workers' own PCIe copies

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata: the command-line front end.
 //
 //   strata train [--config FILE] [--data PATH] [--steps N] [--save DIR] [--save-every N]

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The model and the dtypes a training config describes: the family's spec
 // (models/model_spec.h) from the config's `model` section, the compute dtype
 // from its precision, and the dtype the optimizer reads gradients in.

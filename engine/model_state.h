@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ModelState: the model's training state in the tier store. One shard per
 // unit of the model (models/model_spec.h: the embedding, each block, the
 // final unit), each with its parameters (compute dtype), gradients (the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // OptimizerPool: the optimizer's workers and the jobs the step hands them.
 //
 // A job is one optimizer step's update of the offloaded shards (every shard

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ParamGather: ZeRO stage 3's parameters across data-parallel ranks
 // (engine/data_parallel.h, engine/model_state.h). Each rank keeps only its
 // slice of every unit's compute-dtype parameters (Shard::ps, homed on the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a directory offers as an NVMe path (zero_optimization.*.nvme_path,
 // strata-bench --dir): the filesystem, the free space, the block device
 // under it and whether O_DIRECT works there — what `strata report` and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The placement planner: given the model, the batch and the budgets, decide
 // where each kind of training state lives and how deep to prefetch, before
 // anything is allocated.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Line charts as PNG files, drawn by gnuplot (Debian: gnuplot-nox), for
 // `strata plot` (training curves) and `strata-bench all` (bandwidth curves).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a run checks before its first step, and --dry-run checks too, so that
 // a run does not fail after hours for what could be seen at the start:
 //

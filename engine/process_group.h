@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The processes of a launch (engine/launcher.h): started together, watched
 // together, stopped together.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata train`'s progress line on a terminal's stderr, rewritten in place:
 //
 //   [#########...........] 12/40  loss 3.1234  19.8k tok/s  0:12 elapsed, ~0:28 left

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where each of a machine's local ranks runs: the NUMA node of its GPU and
 // a share of that node's cores, found with hwloc (as tiers/numa.h finds a
 // GPU's node) — what `strata train --num-gpus N` (engine/launcher.h) binds

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata report` (what DeepSpeed users know as ds_report): what this
 // machine and this build offer for offloaded training, and every problem
 // found with what to do about it.

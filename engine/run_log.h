@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RunLog: what `strata train` prints while it trains, and its JSON log.
 //
 // Lines on stdout. Every steps_per_print steps (and at the first and the

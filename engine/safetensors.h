@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // safetensors files (the format PyTorch/transformers load with
 // safetensors.torch.load_file): read (memory-mapped, validated) and write
 // (streamed, atomically: temp file, fsync, rename, fsync of the directory).

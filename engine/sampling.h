@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Choosing the next token from a row of logits: greedy at temperature 0,
 // else a draw from softmax(logits / temperature) cut to the top_k most
 // likely tokens and then to the smallest set whose probability reaches

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The --save directory of a run (engine/checkpoint.h writes into it):
 // checked before the first step, held for the run, cleared of what killed
 // runs left.

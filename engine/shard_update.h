@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The shard updates the optimizer's workers run (engine/optimizer_pool.h
 // ShardUpdater), in place or, speculating, from a shard's current fp32
 // master and m/v (fp32 or bf16: ModelState::Layout::moment_dtype) into its

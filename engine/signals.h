@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SIGINT, SIGTERM, SIGHUP and SIGUSR1 during `strata train`: the first asks
 // the run to stop, the second ends the process at once. (SIGUSR1 is the
 // one Open MPI's mpirun passes on to its ranks without ending the job —

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StepBuffers: the GPU memory a training step works in beside the model's
 // tensors, carved from the store's GPU tier so that the GPU budget covers
 // everything the step touches: the block's recompute scratch, the head's,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StepEnv: the offloaded step's PassEnv (models/pass_env.h). It maps the
 // passes' tensors to the model's tensors in the tier store (ModelState) and
 // their GPU accesses to a StepAccess: the prefetcher when the step runs, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // StepReport: what one optimizer step did and measured (Trainer::Step).
 #pragma once
 

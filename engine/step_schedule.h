@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The step's access schedule, derived from the step itself: the passes
 // (models/passes.h) run once through a StepEnv whose access records every
 // Acquire and Release into an AccessSchedule (swap/schedule.h) and computes

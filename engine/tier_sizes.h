@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How big each tier of a run is: what its plan needs there, plus a stated
 // margin, within the run's budget (engine/budgets.h) — never the whole
 // budget for a plan that needs less of it. The tiers map memory as they

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "engine/train_log_plot.h"
 
 #include <fstream>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata plot LOG.jsonl`: the loss and tokens/s curves of a training run
 // from the JSON log `strata train --log-json` appends (engine/run_log.h):
 // each run's "step" records (every step: its loss and its own tokens/s) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TrainOptions: what a training run is asked to do beyond its config (the
 // `strata train` command line, and the knobs tests set).
 #pragma once

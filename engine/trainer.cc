@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The offload trainer, composed of pieces that each own their state:
 //
 //   budgets.h          the budgets, the plan and the update mode (decided

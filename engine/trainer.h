@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The offload trainer: ZeRO-3 with offload on one GPU (or the CPU backend).
 //
 // What a step does, as data flows (docs/design.md, "The step"):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Trainer::Impl: the trainer's pieces and the step's own state (engine/
 // trainer.h's implementation, shared by trainer.cc — setup and the API —,
 // trainer_step.cc — the step — and trainer_run.cc — the run). Private to

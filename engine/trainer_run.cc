@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole run of `strata train` (engine/trainer.h Trainer::Run): steps,
 // their log, validation, checkpoints, and the stop a signal asks for
 // (engine/signals.h: the step under way ends, a checkpoint is saved).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One optimizer step of the offload trainer (engine/trainer.h): RunStep and
 // the pieces it reads as — the inputs, the passes (engine/step_env.h), the
 // backward's end, the loss and the norm, the update settled, the report.

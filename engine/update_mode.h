@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // When the offloaded optimizer state is updated, and why: after the
 // backward, during it, or during it on speculation (engine/trainer.h's
 // header comment has the three modes). Decided once per run, from the config

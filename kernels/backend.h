@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compute backend interface: every op the model families need (GPT-2's
 // LayerNorm/GELU/attention, Llama's RMSNorm/RoPE/SwiGLU/grouped-query
 // attention), implemented

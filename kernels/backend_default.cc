@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MakeDefaultBackend: the CUDA backend when it can be made (built with CUDA,
 // a usable GPU), else the CPU backend on all cores.
 #include "kernels/backend.h"

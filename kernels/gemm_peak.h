@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The backend's GEMM rate, measured: the physical baseline of MFU (model
 // FLOPs per second over this), taken at the start of a run on the same
 // backend. CUDA: the mean of 10 back-to-back 8192^3 bf16 GEMMs after a

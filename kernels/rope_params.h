@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rotary position embedding parameters and their frequencies, shared by the
 // backends (host and device code): Hugging Face's rope_theta and
 // rope_scaling / rope_parameters ("default", "linear", "llama3"), as

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The block executor: compiling a BlockSpec (slots, backward placement,
 // lowering) and running it.
 #include "models/block_program.h"

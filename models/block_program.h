@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BlockProgram: runs a block described as ops over named tensors (BlockSpec,
 // models/model_spec.h) forward and backward on a kernels::Backend, for one
 // micro-batch shape (B sequences of T tokens) and one activation dtype.

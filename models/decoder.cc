@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decoder: compiling the block's ops for generation, running a step.
 #include "models/decoder.h"
 

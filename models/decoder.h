@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decoder: runs a model (ModelSpec) for generation, one sequence, with a
 // key/value cache: a prefill runs the prompt's tokens in one pass, each
 // decode step runs one new token against the cache, so the prefix is never

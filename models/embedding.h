@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The embedding unit's forward and backward (EmbeddingSpec,
 // models/model_spec.h): x = token table[tokens] (+ position table[0..T)).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "models/family.h"
 
 #include "models/gpt2.h"

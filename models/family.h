@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The model families and how a model is named: a small registry from an
 // architecture ("gpt2", "llama", or a Hugging Face `architectures` class such
 // as "LlamaForCausalLM") to the family's ModelSpec builder and its

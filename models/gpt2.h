@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPT-2 family, exactly as Hugging Face's GPT2LMHeadModel: learned
 // positions, pre-LayerNorm blocks, causal attention, a tanh-GELU MLP of width
 // 4C, a final LayerNorm and an LM head tied to the token embedding; LayerNorm

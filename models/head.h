@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The head's forward and backward (HeadSpec, models/model_spec.h): the final
 // norm (LayerNorm or RMSNorm), logits = norm(x) @ W^T (W: wte when tied, else
 // the final unit's LM head) chunk by chunk of token rows (the [B*T, Vp]

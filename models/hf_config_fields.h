@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Typed reads of a Hugging Face config.json's fields for the families'
 // readers (models/gpt2.cc, models/llama.cc): a missing field takes its
 // default (a required one, default -1, is an error), a present one of the

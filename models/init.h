@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Initialization of a unit's fp32 master weights from scratch, by the rules
 // the family's spec gives each parameter (models/model_spec.h ParamInit).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Llama family, exactly as Hugging Face's LlamaForCausalLM (and the
 // same block as MistralForCausalLM and Qwen2ForCausalLM, which differ in
 // config only: Qwen2 has q/k/v biases, `attention_bias`): no position table,

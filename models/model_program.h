@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ModelProgram: a model's executors — the embedding, the block (one
 // BlockProgram serves every block: they differ only in their parameters) and
 // the head — bound to a backend, a micro-batch shape (B sequences of T <=

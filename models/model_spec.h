@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a model is, independent of its family: a ModelSpec says which units
 // the model is made of, which parameters each unit holds (with their Hugging
 // Face names, shapes, places in the unit's buffer and initialization rule),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PassEnv: what the passes of a training step (models/passes.h) need from
 // whoever runs them — tensor access, gradient accumulation, buffers — so that
 // the passes are written once for three users:

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The passes of a training step, written once over PassEnv
 // (models/pass_env.h) for every model a ModelSpec describes:
 //

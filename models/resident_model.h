@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ResidentModel: a whole model resident in backend memory — every unit's
 // parameters and gradients, every layer's input as the checkpoint — running
 // the passes of models/passes.h (per-layer recompute in the backward). For

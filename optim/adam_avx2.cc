@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AVX2 + FMA + F16C path of the CPU Adam (Haswell / Zen 1 and later),
 // 8 fp32 lanes. Compiled with -mavx2 -mfma -mf16c (optim/CMakeLists.txt, this
 // file only) and called only after cpu_features.cc has confirmed the CPU and

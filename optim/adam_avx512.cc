@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AVX-512 path of the CPU Adam (Skylake-SP / Zen 4 and later), 16 fp32
 // lanes; bf16 outputs rounded with integer instructions. Compiled with
 // -mavx512f -mavx512bw -mavx512dq -mavx512vl (optim/CMakeLists.txt, this file

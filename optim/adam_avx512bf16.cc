@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AVX-512 path with AVX512_BF16 (Cooper Lake, Sapphire Rapids, Zen 4):
 // bf16 outputs (parameter copy, bf16 moments) converted with vcvtneps2bf16.
 // Compiled with the AVX-512 flags plus -mavx512bf16 (optim/CMakeLists.txt).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: the one definition of the Adam tile and of the gradient scan,
 // written once over a vector type V and instantiated by each ISA's
 // translation unit (adam_scalar.cc, adam_avx2.cc, adam_avx512.cc,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AdamCoefficients: the fp32 per-element constants of one Adam step, shared
 // by every implementation (the CPU Adam's SIMD paths and the GPU kernel). They
 // are not filled by hand: MakeAdamCoefficients (optim/cpu_adam.h) derives them

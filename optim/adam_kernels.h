@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: the table of per-ISA kernels behind CpuAdam (optim/cpu_adam.cc
 // dispatches; adam_<isa>.cc implement them from the one template body in
 // optim/adam_body.h).

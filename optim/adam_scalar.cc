@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scalar path of the CPU Adam: baseline x86-64 (or any CPU), one lane.
 // The reference the SIMD paths are tested against: the same template body
 // (optim/adam_body.h) with std::fma where they use FMA instructions and the

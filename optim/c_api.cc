@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU Adam's C API (optim/c_api.h): thin wrappers over CpuAdam and
 // optim/grad_clip.h, with the boundary helpers of base/c_api_internal.h.
 #include "optim/c_api.h"

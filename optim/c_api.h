@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C API of the CPU Adam (libstrata.so): optim/cpu_adam.h and the
  * gradient-clipping helpers of optim/grad_clip.h for C and ctypes.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CpuAdam: argument checks, the per-step constants, the choice of kernel
 // (optim/adam_kernels.h) and the oneTBB tiling; thread pinning with hwloc.
 #include "optim/cpu_adam.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU Adam / AdamW: the optimizer step for state that lives in host memory.
 //
 // One call, CpuAdam::Step, updates one shard (e.g. a layer's parameters) in a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which SIMD instruction sets this CPU (and OS) supports, and which code path
 // the CPU Adam uses.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "optim/gpu_adam.h"
 
 #include "optim/gpu_adam_launch.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Adam step for a shard whose optimizer state lives in GPU memory
 // (partial offload): the same semantics and, bit for bit, the same results as
 // CpuAdam::Step (optim/cpu_adam.h), computed by the fused kernel of

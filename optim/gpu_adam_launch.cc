@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPU Adam launcher of a build without CUDA (the real one is in
 // optim/cuda/adam.cu).
 #include "optim/gpu_adam_launch.h"

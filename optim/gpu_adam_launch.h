@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused GPU Adam/AdamW kernel's launcher, for optimizer state that lives
 // in GPU memory (partial offload), with exactly the semantics of the CPU Adam
 // (optim/cpu_adam.h): one pass reads the gradient (f32/f16/bf16), applies the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gradient clipping by global norm, and the one multiplier the Adam pass
 // applies to every gradient value (1/loss_scale x clip coefficient).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loss scaling for fp16 training, with DeepSpeed's semantics
 // (deepspeed/runtime/fp16/loss_scaler.py: LossScaler, DynamicLossScaler).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Learning-rate schedules by DeepSpeed's names and parameters
 // (deepspeed/runtime/lr_schedules.py): WarmupLR, WarmupDecayLR,
 // WarmupCosineLR, OneCycle, plus a constant rate. Each takes its parameters

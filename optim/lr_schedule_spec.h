@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DeepSpeed's learning-rate schedulers as a config names them
 // ("scheduler": {"type": ..., "params": {...}}), in one table: for each type
 // its parameters with their kind, default and whether required. The config

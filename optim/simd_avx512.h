@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Internal: the AVX-512 vector type V for optim/adam_body.h, 16 fp32 lanes.
 // Included by adam_avx512.cc and adam_avx512bf16.cc (the latter defines
 // STRATA_AVX512_NATIVE_BF16 to 1 first and is compiled with -mavx512bf16).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # scripts/adam-sweep.sh: which host-memory setup gives the CPU Adam the most
 # G params/s on this machine? One command, bounded to about 3 minutes of
 # measuring (each stage has its own `timeout`; rows are written as they are

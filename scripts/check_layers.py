@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Checks strata's layering: no source file includes a header of a folder
 above its own, and no include cycle exists between files.
 

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Checks the lock annotations (base/thread_annotations.h) with clang's
 # thread-safety analysis: every source that uses strata::Mutex compiles with
 # -Werror=thread-safety-analysis, and a sample that breaks the rules

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced on the GPU machine as .devdeps/env.sh (scripts/pack-deps.sh copies
 # this file there beside the .debs; docs/gpu-machine.md):
 #   source .devdeps/env.sh

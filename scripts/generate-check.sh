@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # strata generate and strata eval on a GPU machine, from a Hugging Face
 # directory and from a checkpoint fine-tuned from it, with tokens/s
 # (docs/inference.md); scripts/gpu-check.sh runs it as its `generate` stage.

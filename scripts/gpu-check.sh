@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Build and check strata on a GPU machine in one go; logs land in $OUT (or
 # ./gpu-check-out). Stages are chosen by name:
 #   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads generate

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs the Debian packages strata builds with, only those missing.
 # The CUDA Toolkit is not installed here: it comes with the machine (nvcc is
 # found on PATH or in /usr/local/cuda); without it strata builds CPU-only.

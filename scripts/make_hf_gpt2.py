@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 # A Hugging Face model directory for checking strata generate/eval where no
 # model can be downloaded (scripts/generate-check.sh, the GPU machine):
 # GPT-2 small's shape (12 layers, d 768, 1024 positions), random init with

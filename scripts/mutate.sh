@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The mutation check: applies small wrong changes (mutants), one at a time,
 # to a copy of the tree, builds only the test targets that matter into the
 # copy's own build folder (ccache makes reruns cheap), runs the tests meant to

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Packs strata's Debian build dependencies into .devdeps/ at the repository
 # root, for building on a GPU machine that reaches no package registry
 # (docs/gpu-machine.md). Run it on a Debian 12 machine with apt; copy

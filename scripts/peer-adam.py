@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """PyTorch's fused CPU AdamW on the same host, for `strata-bench adam`'s reader.
 
 The host memory of the GPU machine's VM instances differs by up to 40% from

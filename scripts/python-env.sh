@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Sets up what the Python tests need (tests/CMakeLists.txt), under a build
 # folder, from the project's own files; the Makefile's `make test` runs it.
 #   BUILD/venv            a virtual environment over the Python that has torch

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Prefetcher: runs an AccessSchedule against a TierStore. It keeps the
 // upcoming uses resident on the schedule's tier within a byte budget, drops
 // copies as soon as everything that fits is needed before them, and tells

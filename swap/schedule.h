@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AccessSchedule: the known access order of one cycle (one training step) on
 // one tier — the input of the prefetcher (swap/prefetcher.h).
 //

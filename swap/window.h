@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ScheduleWindow: which tensors of an AccessSchedule should be resident on its
 // tier now — the decision shared by the Prefetcher (which acts on it) and
 // SimulateTraffic (which counts what acting on it moves), so the two cannot

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the C API tests (tests/tiers/c_api_test.cc,
 // tests/optim/c_api_test.cc): an owner for strata_error and assertions that
 // print the error's whole text.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultIoEnv: the one fault-injecting IoEnv (tiers/nvme/io_env.h) of the
 // tests of every layer: the NVMe tier, the tier store, the prefetcher and
 // the trainer.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the tests: Status matchers, temporary directories, GPU
 // skips, random data, test data paths.
 #pragma once

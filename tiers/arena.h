@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Arena: our own allocator that carves address ranges ("regions") into blocks.
 //
 // The GPU and host tiers get big regions from the system once (cudaMalloc,

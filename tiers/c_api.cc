@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tier store's C API (tiers/c_api.h): thin wrappers over TierStore that
 // convert enums and structs, report Status values as strata_error and keep
 // exceptions inside.

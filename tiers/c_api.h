@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* The C API of the tier store (libstrata.so): tiers/tier_store.h for C, and
  * for anything that can call C (Python's ctypes: python/strata/).
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CopyEngine: asynchronous host<->device copies over PCIe.
 //
 // - Two dedicated non-blocking CUDA streams, one per direction, so an H2D

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GpuEvent: a CUDA event, owned (RAII, move-only), and a pool of them.
 //
 // Streams and events cross this API as `void*` (cudaStream_t / cudaEvent_t)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GpuTier: device memory, carved by our Arena, within an exact byte budget.
 //
 // - Memory comes from cudaMalloc in slabs (never managed memory) and is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // HostTier: pinned, NUMA-local host memory, pooled in slabs, within an exact
 // byte budget.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NUMA placement through hwloc: which node a GPU (by PCI bus id) or the
 // calling thread is near, and binding memory to a node before it is touched.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SlabTier: the part GpuTier and HostTier share — an Arena over slabs taken
 // from the system, grown on demand within an exact budget.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The memory-tier interface: byte-addressable tiers that hand out blocks
 // within a budget. GpuTier (tiers/gpu_tier.h) and HostTier
 // (tiers/host_tier.h) implement it; the NVMe tier (tiers/nvme/nvme_tier.h) is

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TierStore implementation. Contents:
 //   TicketState / Ticket          completion of one asynchronous move
 //   Tensor, CopySlot, Job         the bookkeeping, all guarded by Impl::mu

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TierStore: named tensors over GPU, pinned host and NVMe memory, moved
 // between tiers asynchronously. The embeddable API of strata.
 //

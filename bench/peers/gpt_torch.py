@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The GPT that the peer scripts train in PyTorch: GPT-2's architecture at
 strata's shapes (models/gpt2.h), shared by bench/peers/train_peers.py and
 bench/peers/offload_adam.py so that both time the same model.

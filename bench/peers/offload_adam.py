@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """strata.torch.OffloadAdam against PyTorch's usual optimizers-on-the-CPU,
 in one run: a PyTorch GPT training loop (bf16 parameters on the GPU, the
 fp32 Adam state in host memory), timed for each optimizer in turn.

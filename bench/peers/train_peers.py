@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """What a user would run instead of strata, on strata's GPT shape, timed the
 same way: tokens/s (the median of the timed steps after the warm-up) and the
 GPU peak memory of each peer, in one run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /* Optimizer state offloaded to NVMe, updated by the CPU Adam: the C API of
  * libstrata.so end to end.
  *

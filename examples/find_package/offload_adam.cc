@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Optimizer state homed on NVMe, updated by strata's CPU Adam, from a project
 // of its own that found an installed strata with find_package(strata) and
 // links strata::tiers and strata::optim.

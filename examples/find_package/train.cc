@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata's trainer embedded in a program of its own (find_package(strata),
 // strata::engine): a small GPT trained for a few steps on the CPU backend
 // over a text file (argv[1], else one this program writes), every step's

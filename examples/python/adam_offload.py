@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Optimizer state offloaded to NVMe, updated by the CPU Adam, from Python.
 
 The loop of examples/c/adam_offload.c with the strata package (standard

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A plain PyTorch training loop with strata's OffloadAdam: the Adam state
 (fp32 masters, moments) in a strata tier store, here homed on NVMe (a
 directory: argv[1], else a fresh one under /var/tmp), the update overlapped

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Add: out = a + b (elementwise; out may alias a or b).
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/cpu_backend.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal self-attention, forward and backward, with grouped-query attention
 // (KV key/value heads, each read by H / KV query heads, never replicated):
 // the forward takes one (batch, query head) per task, the backward one

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention of new rows against a KV cache (Backend::AttentionDecode): the
 // new rows' k and v are copied into the cache, then one task per (sequence,
 // query head) computes, for each new row in the compute type,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Entry points of the files built for AVX2+FMA+F16C (*_avx2.cc).
 //
 // Those files see only this header, standard headers, <immintrin.h>, Eigen

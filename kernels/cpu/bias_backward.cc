@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BiasBackward: dbias[n] = sum over the m rows of dy[m, n] (or +=).
 // Rows are summed per block of kRowsPerBlock, then the block partials in
 // block order (independent of the thread count).

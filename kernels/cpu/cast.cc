@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cast: dst (dst_dtype) = src (src_dtype), rounding to nearest even.
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/cpu_backend.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the CPU backend's op files: dtype dispatch, argument
 // checks, deterministic parallel loops, and the elementwise math
 // (vecmath.inc: exp, GELU, lane reductions).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The generic builds of the bulk conversions and the run-time choice.
 #include "kernels/cpu/convert.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Storage <-> compute conversions for the CPU backend.
 //
 // Storage types: float (f32), f16_t, bf16_t, double (f64). Compute type:

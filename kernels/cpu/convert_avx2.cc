@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX2/F16C builds of the bulk fp16/bf16 <-> fp32 conversions (this file is
 // compiled with -mavx2 -mfma -mf16c, see kernels/CMakeLists.txt; it is only
 // called when isa.h says the CPU has them). Bitwise equal to base/half.h.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CpuBackend: construction, memory, copies, and the op runner.
 #include "kernels/cpu/cpu_backend.h"
 

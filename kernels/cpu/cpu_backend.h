@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend: every op of kernels/backend.h on host memory, with Eigen
 // GEMMs (kernels/cpu/gemm_kernel.h) and oneTBB parallel loops, fp32 math on
 // f32/f16/bf16 storage and fp64 math on f64 storage. It is the reference the

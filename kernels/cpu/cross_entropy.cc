@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fused softmax + cross-entropy over logits[N, Vp] whose first V columns are
 // real. Per row, in the compute type: m = max, e = exp(x - m),
 // lse = m + log(sum e), loss = lse - x[target], and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Token + position embedding, forward and backward.
 //
 // Backward is deterministic: the positions of each token are gathered in

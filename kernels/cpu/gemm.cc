@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gemm: batched C = alpha op(A) op(B) + beta C_in (+ bias) (-> GELU, or times gelu'(aux))
 // (+ the column sums of the result as a bias gradient).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The generic build of GemmKernel and the run-time choice of build.
 #include "kernels/cpu/gemm_kernel.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend's one matrix-multiply kernel: Eigen's GEMM on fp32 or fp64
 // panels, single-threaded (callers run independent tiles in parallel with
 // oneTBB). Every other op that multiplies matrices (Gemm, attention) goes

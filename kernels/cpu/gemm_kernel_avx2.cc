@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AVX2+FMA build of GemmKernel (compiled with -mavx2 -mfma -mf16c, see
 // kernels/CMakeLists.txt). Eigen is renamed into its own namespace here so its
 // AVX2 template instances never merge with the generic ones of

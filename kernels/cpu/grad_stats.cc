@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GradStats: *sumsq += sum of x^2 over the finite elements, *nonfinite += the
 // number of NaN/Inf elements. Squares are summed per block of kBlock elements
 // (kStatLanes interleaved partial sums, so the loop vectorizes), then the block

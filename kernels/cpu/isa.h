@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Which instruction set the CPU backend's hot loops use, chosen once at run
 // time: the AVX2+FMA+F16C builds of the GEMM kernel and the fp16/bf16
 // conversions (files *_avx2.cc) when the CPU has them, else the generic x86-64

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LayerNorm forward and backward over rows of C columns.
 //
 // Forward, per row in the compute type: mean, var = mean((x-mean)^2) (two

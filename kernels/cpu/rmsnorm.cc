@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward and backward over rows of C columns (Llama's LlamaRMSNorm).
 //
 // Forward, per row in the compute type: rstd = 1/sqrt(mean(x^2) + eps),

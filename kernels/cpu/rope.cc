@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rotary position embedding, forward and backward, one row per task block.
 //
 // Per row (position t = position_offset + row % T) and rotated head, pair i = (i, i + D/2):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scale: x *= factor (elementwise, in the compute type).
 #include "kernels/cpu/common.h"
 #include "kernels/cpu/cpu_backend.h"

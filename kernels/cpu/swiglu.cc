@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SwiGLU forward and backward (Llama's MLP activation), per row in the
 // compute type: in = gate | up (2F columns), out = silu(gate) * up with
 // silu(g) = g / (1 + exp(-g)); backward, with sig = 1 / (1 + exp(-g)):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Generic builds of the float row helpers and the run-time choice.
 #include "kernels/cpu/avx2.h"
 #include "kernels/cpu/common.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AVX2+FMA builds of the float row helpers (compiled with -mavx2 -mfma, see
 // kernels/CMakeLists.txt; called only when isa.h says the CPU has them). The
 // math comes from vecmath.inc inside an anonymous namespace: nothing here

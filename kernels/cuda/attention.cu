@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal attention, the simple way: heads split into (B*H, T, D) buffers,
 // batched cuBLASLt GEMMs for Q K^T and P V, and a fused causal softmax over
 // the fp32 score matrix (B*H, T, T) kept in the workspace. Every dtype, every

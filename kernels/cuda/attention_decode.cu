@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention of new rows against a KV cache (Backend::AttentionDecode).
 //
 // Two kernels on the stream: the new rows' k and v are copied into the

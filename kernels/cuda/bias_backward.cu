@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Bias gradient: column sums of dy over its rows (rows ld elements apart;
 // ld = n for BiasBackward, the GEMM's ldc for its fallback bias gradient).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Cast between the storage dtypes (f32, f16, bf16), rounding to nearest even.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/ops.h"

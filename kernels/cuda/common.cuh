@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the CUDA kernels (kernels/cuda/*.cu): storage-type
 // conversions, 16-byte vector packs, warp/block reductions, dtype dispatch
 // and argument checks that return Status.

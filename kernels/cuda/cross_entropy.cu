@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fused softmax + cross-entropy, forward and backward in one kernel.
 //
 // One block per row of logits. Pass 1 reads the row once with an online

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's options and its per-op timer, for tests, benchmarks and
 // the engine. Plain C++ (no CUDA headers): usable from code built without
 // CUDA, where MakeCudaBackend returns Unavailable and the timer calls return

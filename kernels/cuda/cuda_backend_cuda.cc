@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend: memory, the stream, argument checks, and dispatch of each
 // op of kernels/backend.h to its launcher (kernels/cuda/ops.h) or to cuBLASLt
 // (gemm.h). Optional per-op timing with CUDA events (cuda_backend.h).

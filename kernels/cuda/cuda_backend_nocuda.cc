@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's extra entry points in a build without CUDA.
 #include "kernels/cuda/cuda_backend.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elementwise Add (the residual stream) and Scale.
 //
 // 16-byte packs over the aligned body, scalars for the tail (and for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal flash attention (FlashAttention-2 style), forward and backward, on
 // tensor cores through mma.sync m16n8k16 (bf16/fp16 in, fp32 accumulate):
 // sm_80 and later, nothing sm_90-only.

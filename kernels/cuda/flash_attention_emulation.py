@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Lane-level emulation of kernels/cuda/flash_attention.cu, for checking its
 index arithmetic on a machine without a GPU.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal flash attention forward on Hopper's warpgroup MMA (wgmma, sm_90a):
 // the `v3` variant's forward (cuda_backend.h). Same function and layout as
 // flash_attention.cu's forward (qkv (B, T, C + 2 KV D): q of H heads, k and

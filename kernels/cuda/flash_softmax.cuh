@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The online-softmax step of the flash forward kernels (FlashAttention-2),
 // shared by the mma.sync kernel (flash_attention.cu) and the wgmma kernel
 // (flash_attention_sm90.cu). Both hold a 16-row slice of scores per warp in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // tanh-GELU forward and backward, elementwise.
 //
 // 16-byte packs over the aligned body, scalars for the tail (and for

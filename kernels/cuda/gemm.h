@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GEMMs through cuBLASLt with the row-major semantics of GemmArgs
 // (kernels/backend.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // cuBLASLt GEMM runner: argument checks, the row-major -> column-major
 // mapping, plan cache, epilogue fusion with a kernel fallback (gemm.h).
 #include "kernels/cuda/gemm.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GEMM epilogue for the cases cuBLASLt does not fuse (see gemm.h): bias add,
 // GELU (saving the pre-activation), the GELU derivative and, for k = 0,
 // C = beta * C_in; and the cast/add of a bias gradient cuBLASLt computed.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LayerNorm forward and backward.
 //
 // Forward: one warp per row; mean and variance in fp32 (two passes over the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tensor-core building blocks for sm_80+ (also run on sm_86/89/90):
 // ldmatrix, mma.sync m16n8k16 with fp32 accumulators, cp.async with
 // zero-fill. Plain PTX, no sm_90-only instructions.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Launchers of the CUDA kernels, one group per file of kernels/cuda/ (the
 // table of contents of the CUDA backend). Each takes the stream, assumes its
 // arguments were checked by the backend (cuda_backend_cuda.cc: shapes,

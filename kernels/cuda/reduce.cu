@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gradient statistics: sum of squares of the finite elements and the count of
 // non-finite ones, accumulated into backend memory.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RMSNorm forward and backward (Llama).
 //
 // Forward: one warp per row; mean(x^2) in fp32, y = x * rstd * w in the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Rotary position embedding forward and backward (HF rotate_half pairing).
 //
 // One thread per (row, column) of the first half of each rotated head: it

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SwiGLU forward and backward, elementwise over rows of gate | up (Llama's
 // MLP activation; the same formulas as the CPU backend, kernels/cpu/swiglu.cc).
 #include "kernels/cuda/common.cuh"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Warpgroup MMA (wgmma, sm_90a only) for the Hopper kernels: PTX wrappers,
 // shared-memory matrix descriptors, and the 128-byte swizzle the descriptors
 // describe. Include only from code compiled for sm_90a (CMake builds the 90

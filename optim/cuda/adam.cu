@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fused GPU Adam/AdamW step (optim/gpu_adam_launch.h): one grid-stride pass
 // reads the gradient, updates master weights and moments in place, writes the
 // optional parameter copy and counts non-finite gradient values.

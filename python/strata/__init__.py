@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata for Python: the tier store and the CPU Adam of libstrata.so.
 
 Standard library only (ctypes); numpy is optional: every buffer argument

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m strata COMMAND: the package's command-line fronts.
 
     python -m strata generate --model DIR --prompt TEXT [strata generate's options]

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Caller memory for the C calls: anything with the buffer protocol
 (bytes, bytearray, memoryview, array.array, numpy arrays, ...), C-contiguous,
 and CPU torch tensors (by their storage's address: data_ptr(); torch is not

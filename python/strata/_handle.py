@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Handle: the base of the Python objects that own a C handle (TierStore,
 Ticket, CpuAdam). It raises errors, which loads _lib, so it lives in its own
 module: _lib imports nothing of the package, errors imports _lib, this

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Loading libstrata.so and the ctypes mirror of its C API.
 
 The structs below mirror tiers/c_api.h and optim/c_api.h field for field; at

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CpuAdam: strata's SIMD CPU Adam/AdamW over caller buffers (optim/c_api.h).
 
     adam = strata.CpuAdam(threads=4)

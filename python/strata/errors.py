@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.Error and one subclass per status code (tiers/c_api.h, strata_status).
 
 Every failure of the library raises the subclass of its code, carrying the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m strata generate: strata generate with the model's own tokenizer.
 
 A model whose directory holds a tokenizer.json (a Hugging Face model, or a

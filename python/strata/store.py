@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """TierStore: named tensors over GPU, pinned host memory and NVMe.
 
 A thin layer over the C API (tiers/c_api.h); the model, the access modes and

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Text to a token file strata trains on, with a Hugging Face model's tokenizer.
 
     python -m strata.tokenize MODEL_DIR TEXT [TEXT ...] -o OUT.bin

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # `pip install` of strata from its source tree into a fresh virtual
 # environment, as a user would (pyproject.toml: scikit-build-core builds
 # libstrata.so and puts it inside the package), then, from a folder outside

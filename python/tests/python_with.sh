@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs a CTest test under the first Python that can import MODULE:
 #
 #   python_with.sh MODULE VAR HINT [python arguments...]

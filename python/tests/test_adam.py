@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.CpuAdam through libstrata.so against a pure-Python reference.
 
 The reference evaluates strata's per-element sequence (kernels/adam_gpu.h,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python -m strata generate: a GPT-2-shaped model directory with a
 tokenizer.json (a byte-level BPE trained here with Hugging Face tokenizers
 on the bundled corpus; weights drawn with a fixed seed, written as

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.TierStore through libstrata.so: data round trips through host and
 NVMe from every kind of buffer, tickets, views, stats, and the errors (each
 a strata.Error subclass with its code, errno, path, tier, bytes)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.tokenize: text and a model directory's tokenizer.json to an llm.c
 token file, uint16 for a vocabulary that fits (magic 20240520, version 1),
 uint32 past 65536 ids (magic 20240801, version 7), the model's BOS before

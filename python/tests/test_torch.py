@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.torch.OffloadAdam on CPU parameters against torch.optim.AdamW/Adam.
 
 Two copies of a small model take the same steps on the same data, one with

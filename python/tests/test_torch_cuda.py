@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata.torch.OffloadAdam on CUDA parameters: gradients copied down and
 new values copied up through pinned chunks on side streams (label gpu;
 skipped with the reason without torch or a GPU).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the base types: Status/Result, byte sizes, dtypes, half
 // conversions, shapes.
 #include <cerrno>

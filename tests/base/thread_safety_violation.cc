@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Breaks the lock rules on purpose: scripts/check_thread_safety.sh expects
 // clang's analysis to reject it (a guarded field read without its mutex, a
 // REQUIRES function called without it). Not built into any target.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tuner's aio block is exactly what strata's config reader accepts:
 // formatted directly, and as strata-bench nvme --tune --quick prints it.
 #include "bench/aio_block.h"

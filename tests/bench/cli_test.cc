@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench as a user runs it: `all --quick` writes the whole report,
 // --dir is never created and is left empty, bad arguments are named, and
 // Ctrl-C stops cleanly with what was measured written.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Running strata-bench and strata as a user does, for the CLI tests:
 // the built binaries (build/bin), run to their end or signalled part-way,
 // with stdout and stderr captured together.

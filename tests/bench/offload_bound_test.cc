@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What bounds offloaded training: the plan is the one strata train makes,
 // and the bounding resource follows the rates.
 #include "bench/offload_bound.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata-bench train --peers as a user runs it, on the CPU backend at a tiny
 // shape: after strata's figure, the peers (bench/peers/train_peers.py) run on
 // the same shape and each stands beside strata with the ratio, or one line

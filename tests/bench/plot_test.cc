@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/plot.h and `strata plot`'s log reader: bad input is refused naming
 // what is wrong; a chart is drawn by gnuplot when it is installed, and its
 // script is written either way.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata report: every section, problems with their fixes, the NVMe paths
 // probed; --json for machines.
 #include "engine/report.h"

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """bench/peers/train_peers.py at a tiny GPT on the CPU (eager): the table and
 the JSON it writes, the loss of a fresh model, checkpointing that leaves the
 arithmetic alone, a peer that cannot run here saying why in its row, and a

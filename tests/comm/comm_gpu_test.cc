@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The NCCL communicator: at world size 1 on one GPU, and 2 ranks (one
 // thread each, on GPUs 0 and 1) where two GPUs exist: every collective
 // against known values on the caller's stream, the rendezvous's error when

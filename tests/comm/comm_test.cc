@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // comm/ on one machine without mpirun: the launcher's environment, the TCP
 // rendezvous between threads standing in for ranks (and its errors when a
 // rank does not arrive), and the MPI communicator at world size 1. The

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The MPI communicator across ranks: this program runs as every rank under
 // mpirun (tests/comm/run_mpi_ranks.sh starts it with 2 and 3 ranks on
 // loopback). Each collective is checked against the values it must give,

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Runs tests/comm/mpi_ranks.cc's program as N ranks under mpirun on
 # loopback (CTest's comm.mpi_ranks.* and engine.dp_ranks.* tests, tests/CMakeLists.txt).
 #   run_mpi_ranks.sh MPIEXEC N PROGRAM all|killed FILTER

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checkpoints on the CPU backend: every file's crc32c and the step are in
 // the manifest and verified before a resume loads anything (a flipped byte
 // in any file, a file copied in from another step: DataLoss naming the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata train` as a user runs it (the binary, tests/engine/strata_cli.h):
 // the command line's values are used or refused, never replaced without a
 // word; typos get "did you mean"; files that are not regular files are

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face "auto" values (engine/config_auto.h): the templates that
 // transformers' DeepSpeed docs publish (tests/data/ds_config_zero{2,3}.json)
 // list every unresolved "auto" in one error, and plan once a trainer section

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What a resume changes of the checkpoint's config (engine/config_change.h):
 // every key that differs, classified by whether the bits stay those of an
 // uninterrupted run.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A config file at the input boundary (engine/config_json.h, engine/config.h):
 // each crash, hang and silent change of the reliability issue as a
 // regression test, and the rules that replace them (all errors at once,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The input boundary under malformed input: a corpus of configs and token
 // files, generated here (deterministic seeds) beside hand-written nasty
 // cases, each run through the config reader or the data loader in-process

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's data parallelism (engine/data_parallel.h) at world size
 // 1, as `strata train --num-gpus 1` or a launcher's RANK=0 WORLD_SIZE=1 runs
 // it: the NCCL communicator joined through the TCP rendezvous, every

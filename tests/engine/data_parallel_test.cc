@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/data_parallel.h without mpirun: the batch rule, the plan's note
 // and its all-reduce bytes, and the refusal of a config whose world size
 // is not the launcher's. Several ranks train in tests/engine/dp_ranks.cc.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Data parallelism (engine/data_parallel.h) on the CPU backend: this
 // program runs as every rank under mpirun (tests/comm/run_mpi_ranks.sh
 // starts it with 2 and 3 ranks). Each rank trains the tiny GPT with its

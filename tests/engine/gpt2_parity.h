@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole trainer against the independent transformers reference
 // (tests/data/gpt2_tiny_ref.safetensors, or the file named by
 // $STRATA_GPT2_REF): start from its parameters, take AdamW steps on its

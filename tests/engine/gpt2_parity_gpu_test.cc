@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer on the CUDA backend against the independent transformers
 // reference (tests/engine/gpt2_parity.h): the fixture's model through the
 // offload trainer, its parameters imported (init_from), AdamW steps on its

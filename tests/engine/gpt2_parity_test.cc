@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole trainer on the CPU backend against the independent transformers
 // reference (tests/engine/gpt2_parity.h: the loss, the gradient norm, the
 // parameters after one and after three AdamW steps, the losses after them),

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A step directory of `strata train` as Hugging Face loads it.
 
 Fine-tunes (--init-from a model directory that has a tokenizer) and loads

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face model directories in: the reader (engine/hf_weights.h) on the
 // tiny Llama that save_pretrained sharded (tests/data/llama_tiny_hf: names,
 // shapes, dtypes and values against the reference's parameters) and on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Hugging Face weights out (engine/hf_weights_writer.h): huggingface_hub's
 // sharding rule, and checkpoints whose model-*.safetensors and index load
 // back (HfWeights, --init-from) as the masters in bf16 or fp32, with

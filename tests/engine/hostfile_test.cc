@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/hostfile.h: DeepSpeed's hostfile, good files and bad ones (each
 // error names the file and the line).
 #include "engine/hostfile.h"

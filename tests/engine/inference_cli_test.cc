@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata generate and strata eval as a user runs them: a model trained and
 // saved by strata train; eval prints the val loss the trainer printed for
 // the same file and windows; generate streams the prompt and its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // strata eval's and strata generate's library on the CUDA backend against
 // the CPU: a checkpoint the trainer saved (on the CPU), evaluated on the same
 // windows, gives the CPU's loss within fp32 rounding; greedy generation

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The inference commands' library on the CPU backend: a checkpoint the
 // trainer saved, loaded (engine/inference_model.h) and evaluated on the
 // trainer's validation windows (engine/inference_eval.h), gives the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // --init-from a Hugging Face Llama directory (tests/data/llama_tiny_hf, as
 // transformers 5 saved it, and the same model with transformers 4's
 // config.json): the sequence length the source's config.json allows

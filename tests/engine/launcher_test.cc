@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // engine/launcher.h's rules and engine/process_group.h's behaviour over
 // real child processes (sh): lines prefixed by label, the first failure
 // named first with its status and stderr tail, the others stopped, a

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # `strata train` starting its own ranks (engine/launcher.h), as a user runs
 # it (CTest's engine.launcher_train.cpu and engine.launcher_train.gpu,
 # tests/CMakeLists.txt).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer on the CUDA backend against the transformers Llama reference
 // (tests/data/llama_tiny_ref.safetensors or $STRATA_LLAMA_REF; the checks of
 // tests/engine/gpt2_parity.h): fp32 and bf16, the optimizer state on the GPU

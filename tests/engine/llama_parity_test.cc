@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole trainer on the CPU backend against the independent transformers
 // Llama reference (tests/data/llama_tiny_ref.safetensors, or the file named
 // by $STRATA_LLAMA_REF; GQA 4:2, SwiGLU, RMSNorm, RoPE, untied head): the

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """A checkpoint saved by 2 ranks resumes at 3 ranks (and at 1) and continues
 the run of one rank (CTest's engine.mpirun_resume; strata train under
 mpirun on loopback, as a user runs it).

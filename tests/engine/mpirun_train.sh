@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # `strata train` as 2 ranks under mpirun on loopback, as a user starts it
 # (CTest's engine.mpirun_train, tests/CMakeLists.txt): the launcher's world
 # size reaches the config (the batch rule counts it), the run completes,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // OptimizerPool (engine/optimizer_pool.h) with fake shard updates: the claim
 // order of each kind of job, the workers' split, the speculative verdicts
 // (commit swaps the sets, a miss redoes in place with the true multiplier),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The planner with bf16 Adam moments (PlanInputs::moment_bytes 2,
 // bf16.bf16_optimizer_states): 8 bytes of optimizer state per parameter
 // wherever it lives, the speculative second set and the NVMe traffic

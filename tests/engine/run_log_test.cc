@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run log (engine/run_log.h): the JSON log's records — a "run" header
 // per run, a "step" record per step with its own times and bytes, "log"
 // records with aggregates named so, "val" and a "summary" — appended runs

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The sampler (engine/sampling.h): temperature 0 is the argmax (the lower
 // id on a tie); a seed gives the same draws; top-k and top-p cut to the
 // tokens they name; the draws follow softmax(logits / T); bad options are

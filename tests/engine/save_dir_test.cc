@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A run's places, checked before its first step and by --dry-run
 // (engine/preflight.h): --save pointing at a file or a read-only place, an
 // NVMe path without the space the plan puts there (the memlock check, which

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // RecordStepSchedule (engine/step_schedule.h): the step's access schedule is
 // what its passes acquire and release, recorded, with each unit's first
 // parameters acquire marked as a refresh and an unwanted write as a discard.

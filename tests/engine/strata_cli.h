@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Running the `strata` binary as a user does, with a time limit, for the
 // command-line tests: stdout and stderr captured together, stdin /dev/null.
 // A run past its limit is killed (SIGKILL) and says so.

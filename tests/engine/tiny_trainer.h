@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The small GPT the trainer tests train: n_layer blocks of width n_embd, 4
 // heads, byte vocabulary, 32 or 64 tokens, micro-batch 4 x accumulation 2
 // over the bundled corpus, AdamW at lr 3e-3, quiet logging. Each test then

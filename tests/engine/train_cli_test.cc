@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `strata train` as a user runs it, on the CPU backend: a signal ends the
 // step under way, saves a checkpoint through the normal save, says where
 // and exits 128 + the signal; the resumed run gives the losses of a run

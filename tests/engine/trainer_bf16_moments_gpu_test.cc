@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bf16 Adam moments (bf16.bf16_optimizer_states) on the CUDA backend: the
 // fused GPU Adam on bf16 m/v (resident state, and the GPU-state prefix of
 // offload_optimizer.ratio 0.5) and the GPU-assisted worker streaming bf16

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // bf16 Adam moments (bf16.bf16_optimizer_states) through the whole trainer,
 // CPU backend (the GPU tier a host stand-in: the CUDA code paths with the
 // CPU Adam): training close to the fp32-moment run, the same bits whatever

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer on the CUDA backend: the same parity checks as the CPU tests —
 // loss falls, offloaded placements give the same losses as the all-resident
 // run, resume is bit-identical, the GPU budget is never exceeded.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The optimizer update during the backward on the CUDA backend, where its
 // ordering is real: each shard's update waits (on the host) for the copy of
 // its non-finite count, queued on the D2H stream after the compute stream's

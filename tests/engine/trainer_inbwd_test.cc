@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The optimizer update during the backward (CPU backend: the GPU tier is a
 // host stand-in, the copy engine a memcpy thread, so the same code paths run
 // as on CUDA, with the CPU Adam in the GPU Adam's place). With no gradient

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer on a tiny Llama-family model (GQA 4:2, SwiGLU, RMSNorm, RoPE,
 // untied head) on the CPU backend, as the GPT trainer tests do: the loss
 // falls on real text, offloaded placements give the same losses as

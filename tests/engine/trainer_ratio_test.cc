@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // zero_optimization.offload_optimizer.ratio on the CPU backend (the GPU tier
 // is a host stand-in, so "GPU-state" shards run here: the GPU Adam's place is
 // taken by the CPU Adam on the stand-in's memory). A forward-order prefix of

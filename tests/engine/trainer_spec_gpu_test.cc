@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The speculative update on the CUDA backend, where its ordering is real:
 // speculated parameters go up on the H2D stream (or are written by the
 // GPU-assisted worker's Adam on the D2H stream) while the backward runs, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The speculative update (engine/trainer.h): with gradient clipping the
 // offloaded shards are updated during the backward into a second master/m/v
 // on the assumption that the clip coefficient will be 1, committed (the sets

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The trainer on the CPU backend: the loss falls on real text; offloaded
 // placements (tiny budgets forcing the host and NVMe tiers) give the same
 // losses as an all-resident run, step by step; save/resume is bit-identical;

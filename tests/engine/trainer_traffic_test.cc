@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PCIe bytes per step of the offload trainer with the GPU budget tight
 // (CPU backend: the GPU tier is a host stand-in and its copy engine counts
 // every byte, so StepReport.h2d/d2h are exact). The step's access schedule

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # A project that uses the installed strata, configured, built and run as an
 # embedder would (CTest: examples.find_package, install.headers; the
 # `install` test fills PREFIX first). cmake -P with:

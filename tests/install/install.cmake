@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # `cmake --install BUILD --prefix PREFIX` into an emptied PREFIX (CTest
 # `install`, the fixture of examples.find_package and install.headers), so
 # that nothing a previous install left there is seen.  cmake -P with -DBUILD, -DPREFIX.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the AttentionDecode tests (CPU and CUDA): a sequence's rows run
 // through Backend::AttentionDecode as a generator runs them (a prefill of
 // `prefill` rows, then one row per call) and the reference, AttentionForward

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backend::AttentionDecode on the CUDA backend against the CPU backend: the
 // same rows from a prefill and then one row at a time (multi-head and
 // grouped-query, head dims 16..256, f32/bf16/f16), the cache the kernel wrote

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backend::AttentionDecode on the CPU backend: a prefill and then one row at
 // a time against the cache give the rows AttentionForward gives over the
 // whole sequence (multi-head and grouped-query), and bad shapes are errors

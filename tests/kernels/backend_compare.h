@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the GPU tests that run an op on the CUDA backend and on a
 // reference (the CPU backend, or the CUDA backend's simple attention) and
 // compare: host <-> dtype conversion, buffers mirrored on two backends,

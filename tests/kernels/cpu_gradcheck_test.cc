@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Gradient checks: the CPU backend in fp64 against central finite
 // differences, for every op (through the calls the model makes for its
 // backward) on awkward shapes (the whole model: tests/models/gradcheck_test.cc).

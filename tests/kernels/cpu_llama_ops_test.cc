@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Llama ops of the CPU backend (RMSNorm, RoPE, SwiGLU, grouped-query
 // attention): fp64 gradients against central finite differences, and each
 // forward against a direct formula (RoPE: HF's rotate_half written out;

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CPU backend ops in fp64 against naive double references (forward ops), and
 // each op's contract: accumulation flags, aliasing, ignored targets, padding,
 // beta = 0 never reading C, argument errors. Gradients are checked against

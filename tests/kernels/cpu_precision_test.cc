@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every op in f32, f16 and bf16 storage against the same op in f64 on the
 // same inputs (rounded to the storage dtype first, so only the op's own
 // arithmetic and output rounding differ). Error = ||out - out_f64|| /

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU backend's SIMD paths:
 // - bulk f16/bf16 <-> f32 conversions, the AVX2/F16C build and the generic
 //   build against the scalar reference of base/half.h, bitwise, on every

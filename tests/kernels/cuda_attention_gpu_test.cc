@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Causal attention on the CUDA backend, both paths (flash and simple),
 // against the CPU backend and against each other: T = 1, 127, 1000 and tiles
 // cut mid-way; head counts 1, 3, 5, 6, 12, 16; head dims 16..128 including

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA backend GEMMs (cuBLASLt) against the CPU backend: every transpose
 // combination, awkward sizes, padded leading dimensions, bias / GELU / saved
 // pre-activation epilogues (fused and fallback), the GELU backward with the

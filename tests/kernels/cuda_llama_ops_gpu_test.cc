@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA backend's Llama ops against the CPU backend: RMSNorm, RoPE
 // (default, linear, llama3), SwiGLU forward and backward, and grouped-query
 // attention (4:2 and multi-query) on the simple path and every flash variant

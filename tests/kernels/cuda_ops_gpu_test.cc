@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA backend ops against the CPU backend on awkward shapes (1, 127, 1000
 // rows; 64, 96, 2048 columns), fresh random inputs, poisoned outputs:
 // LayerNorm, GELU, Add, Scale, Cast, BiasBackward, Embedding, CrossEntropy,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the kernels tests: tensors on a backend filled from host
 // doubles (rounded to the storage dtype), read back as doubles, poisoned with
 // NaN, and error norms.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Llama model on the CUDA backend against the float64 transformers
 // reference (tests/models/llama_reference.h; STRATA_LLAMA_REF names another
 // file): the loss and every gradient, fp32 and bf16.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The whole GPT model (models/gpt2.h, models/resident_model.h) on the CUDA backend against the CPU
 // backend: loss and every gradient tensor, for f32, bf16 and f16 on the GPU
 // against fp64 on the CPU (the parameters rounded to bf16 first, so both

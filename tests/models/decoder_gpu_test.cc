@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // models::Decoder on the CUDA backend against the CPU backend: the same
 // parameters, the same prompt and then the CPU's greedy tokens fed one per
 // step: the logits of every position agree within the dtype's bound, the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // models::Decoder on Llama-family blocks (CPU backend): RMSNorm, RoPE at the
 // cache's positions, nn.Linear-layout Linear with fused q | k | v and
 // gate | up, SwiGLU, grouped-query attention, no position table, an RMSNorm

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decoder tests' model and reference: a small GPT-2 whose parameters are
 // drawn large enough (uniform, +-0.3; LayerNorm weights around 1) for its
 // logits to differ by far more than rounding, and the full-recompute

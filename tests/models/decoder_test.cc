@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // models::Decoder on the CPU backend: greedy decoding with the KV cache
 // picks, at every position, the argmax of the logits a full recompute of
 // the sequence gives, and its logits match the full forward's at every

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The family registry (models/family.h): architecture names and HF classes,
 // the config.json readers (transformers 4's rope_theta/rope_scaling and 5's
 // rope_parameters, Qwen2's biases, what the block does not compute) and

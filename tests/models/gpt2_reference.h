@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transformers reference for the GPT model (tests/data/gpt2_tiny_ref
 // .safetensors, or the file named by STRATA_GPT2_REF): load it, import its
 // parameters, and check a backend's loss and every gradient against it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The GPT-2 model (models/gpt2.h, run by models/resident_model.h) on the CPU
 // backend: config checks, layouts and HF names,
 // parity with the independent transformers reference (loss and every

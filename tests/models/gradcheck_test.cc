@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A whole 2-layer GPT-2 (models/resident_model.h) in fp64 on the CPU
 // backend against central finite differences of its loss, on sampled
 // coordinates of every parameter: ||analytic - numeric|| / ||numeric|| below

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The transformers reference for the Llama family (tests/data/llama_tiny_ref
 // .safetensors, or the file named by STRATA_LLAMA_REF): its config, its
 // parameters imported into a ResidentModel, and a backend's loss and every

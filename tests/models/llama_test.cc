@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Llama family's spec (names, shapes, layout, ops) and the whole model
 // on the CPU backend against the float64 transformers reference
 // (tests/models/llama_reference.h): the loss and every gradient.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the model tests: the GPT-2 spec of a config.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A 20-step training of a tiny GPT on real text (bytes of data/kjv.txt,
 // vocabulary 256) on the CPU backend, with a plain AdamW written here: the
 // loss on a held-out batch must clearly fall.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU Adam (optim/cuda/adam.cu through optim::GpuAdamStep) against the CPU
 // Adam, on random inputs and hyperparameters, every dtype combination, sizes
 // 1..10^6+3, aligned (16-byte vector accesses) and misaligned (scalar path)

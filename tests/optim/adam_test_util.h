@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Shared by the CPU and GPU Adam tests: random shards of every dtype
 // combination, a float64 reference of the update, and the tolerance checks.
 #pragma once

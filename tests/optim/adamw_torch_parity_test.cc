@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reproduces torch.optim.AdamW's first step on a real model: the fixture
 // (tests/data/gpt2_tiny_ref.safetensors, or the file named by
 // STRATA_GPT2_REF) holds every parameter of a tiny GPT-2, its gradient and

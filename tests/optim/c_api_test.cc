@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the CPU Adam's C API (optim/c_api.h) through libstrata.so: the
 // step is bitwise the C++ CpuAdam::Step on the same inputs (for fp16 and
 // bf16 gradients, bf16 state, every copy-out dtype, L2 and decoupled decay,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CpuAdam with bf16 moments (bf16.bf16_optimizer_states) over many steps,
 // on every ISA path this machine has, against a float64 reference that
 // keeps m and v as the trainer does: the update computed from the stored

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The out-of-place CPU Adam (AdamShard::master_out / exp_avg_out /
 // exp_avg_sq_out): the same arithmetic as in place, so every path (scalar,
 // AVX2, AVX-512, AVX-512+BF16 where the machine has them), every dtype

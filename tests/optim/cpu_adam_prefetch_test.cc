@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CpuAdam's software prefetch (Options::prefetch_bytes / prefetch_hint) and
 // RunTiles: a prefetch is a hint, so every distance and hint must give
 // results bitwise identical to the pass without it, on every ISA path, for

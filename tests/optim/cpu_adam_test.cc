@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CpuAdam: against a float64 reference, every ISA path against the scalar
 // path (bitwise), 1/2/N threads (bitwise), non-finite handling, unscale,
 // clip, weight decay modes, bias correction, conversions, argument errors.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Run-time CPU feature detection and the choice of the Adam path.
 #include "optim/cpu_features.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Global-norm clipping and the combined gradient multiplier.
 #include "optim/grad_clip.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LossScaler against DeepSpeed's DynamicLossScaler.update_scale, step by step.
 #include "optim/loss_scaler.h"
 

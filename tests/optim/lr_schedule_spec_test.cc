@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scheduler table (optim/lr_schedule_spec.h): each DeepSpeed type's
 // parameters with their kind, default and need, written out here, and
 // MakeLrSchedule building from it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LR schedules at their boundaries. The expected numbers come from a Python
 // transcription of DeepSpeed's lr_schedules.py get_lr()/get_mom() (run
 // separately; the values are pasted here).

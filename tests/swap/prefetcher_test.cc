@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The prefetcher against a real TierStore (GPU stand-in, small budgets):
 // it keeps exactly the next uses that fit resident, the store's next-use
 // eviction drops the copy used farthest ahead, readiness holds a refresh back,

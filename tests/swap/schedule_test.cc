@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // AccessSchedule: next-use queries across cycle boundaries, and the checks
 // Finish makes on a sequence the store would refuse.
 #include "swap/schedule.h"

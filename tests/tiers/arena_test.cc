@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the Arena: best fit, coalescing within (never across) regions,
 // alignment, exact accounting, and a randomized run against a reference.
 #include "tiers/arena.h"

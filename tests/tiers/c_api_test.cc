@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the tier store's C API (tiers/c_api.h) through libstrata.so:
 // every function, the error convention (code, message, errno, path, tier,
 // bytes) on each error path, and data round trips through host and NVMe.

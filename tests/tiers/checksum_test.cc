@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // crc32c and xxhash64 against published vectors; the SSE4.2 and table paths
 // against each other on awkward lengths and alignments.
 #include "tiers/nvme/checksum.h"

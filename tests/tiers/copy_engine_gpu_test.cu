@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu) for the CopyEngine's CUDA path: pinned and pageable
 // (staged) copies of awkward sizes, both directions at once, copies ordered
 // after work on a compute stream (by stream and by event), StreamWait, and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the CopyEngine on its stand-in (memcpy on worker threads): the
 // same ticket semantics as the CUDA path. The CUDA path (streams, events,
 // staging, ordering after a compute stream) is in copy_engine_gpu_test.cu.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ExtentAllocator: alignment, best fit, coalescing, tail give-back,
 // exhaustion, double frees, and a randomized run against a byte map.
 #include "tiers/nvme/extent_allocator.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FaultIoEnv's own rules (tests/fault_io_env.h), where the fault tests of the
 // tiers, the prefetcher and the trainer do not already pin them down: the
 // offset filters, the window over the matching calls when rules overlap,

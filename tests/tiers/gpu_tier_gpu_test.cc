@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu) for the real device tier and pinned host tier:
 // device memory from cudaMalloc (never managed), exact budget, and
 // cudaHostRegister pinning. Skip without a GPU.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for GpuTier on its host-memory stand-in (what CI has): exact budget,
 // slab growth and trimming, errors naming the tier and the bytes. The real
 // device tier is tested in gpu_tier_gpu_test.cc (label gpu).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transparent huge pages for host memory (tiers/host_tier.h): MapHostMemory,
 // the THP probes, and HostTierOptions::huge_pages. Whether the kernel grants
 // huge pages depends on the machine: tests that need them skip when

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for HostTier: pinning (mlock here; cudaHostRegister on a GPU
 // machine), the RLIMIT_MEMLOCK error, slab hooks (NVMe registration), NUMA
 // options and the exact budget.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault injection into the NVMe tier through the IoEnv seam (FaultIoEnv,
 // tests/fault_io_env.h), and real faults made behind the tier's back (a
 // truncated, deleted or corrupted swap file, a non-writable directory). Each

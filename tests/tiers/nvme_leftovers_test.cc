@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Swap files a killed run left (tiers/nvme/leftovers.h): NvmeTier::Open
 // removes those whose lock is free and whose process is gone, says so, and
 // leaves every other file: a live run's (its lock held), one whose PID lives,

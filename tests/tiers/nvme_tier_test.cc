@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NvmeTier on the real file system (TempDir, on disk): files, extents,
 // round trips of random data over a matrix of queue depths / block sizes /
 // submission modes / rings (liburing test/read-write.c style), several

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The randomized TierStore stress test, shared by the CPU test (gpu
 // stand-in, store_stress_test.cc) and the GPU test (real device,
 // store_stress_gpu_test.cc).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The randomized TierStore stress test (store_stress.h) on a real device:
 // gpu views are device memory (checked through cudaMemcpy), host memory is
 // pinned with cudaHostRegister and the copy engine runs on CUDA streams.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Randomized stress test of the TierStore on the gpu stand-in (see
 // store_stress.h); the same test on a real device is in
 // store_stress_gpu_test.cc.

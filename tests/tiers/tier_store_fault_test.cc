@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fault injection under the TierStore through the NVMe tier's IoEnv seam
 // (FaultIoEnv, tests/fault_io_env.h), and real faults behind its back
 // (truncated, corrupted, deleted swap file): each is a specific error at the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu) for the TierStore on a real device: round trips
 // through device memory, pinned host and NVMe; Release(stream) ordering the
 // write-back after the caller's kernel; reuse of evicted device memory for

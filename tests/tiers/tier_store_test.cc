@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the TierStore on the gpu stand-in: residency, access modes and
 // their conflicts, dirty write-back, multi-hop moves (through staging and
 // through a host copy), eviction policies, budgets, tickets, sticky errors,

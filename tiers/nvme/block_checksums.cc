@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BlockChecksums: recording and verifying the checksum blocks a transfer
 // covers (tiers/nvme/block_checksums.h).
 #include "tiers/nvme/block_checksums.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BlockChecksums: the NVMe tier's checksums of data at rest, one per
 // `checksum_block` of every extent (crc32c or xxhash64; tiers/nvme/checksum.h).
 //

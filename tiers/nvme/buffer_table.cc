@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BufferTable: registering and looking up fixed buffers
 // (tiers/nvme/buffer_table.h).
 #include "tiers/nvme/buffer_table.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BufferTable: the caller's buffers registered with io_uring for fixed-buffer
 // I/O (IORING_OP_{READ,WRITE}_FIXED), mirrored in every ring of the tier.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // crc32c (SSE4.2 with a slicing-by-8 fallback) and xxhash64
 // (tiers/nvme/checksum.h): pure functions over the caller's bytes; the tables
 // are built once by thread-safe static initializers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Checksums for data at rest: crc32c (Castagnoli) and xxhash64.
 //
 // crc32c uses the SSE4.2 `crc32` instruction when the CPU has it (chosen at

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the pieces of the NVMe tier share: the direct-I/O alignment, the tier's
 // log line, and the two small error helpers the pieces build their messages
 // with. Internal to tiers/nvme/.

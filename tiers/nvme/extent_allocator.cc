@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ExtentAllocator: best fit over the holes, coalescing, tail give-back
 // (tiers/nvme/extent_allocator.h). Not thread-safe: the owner serializes.
 #include "tiers/nvme/extent_allocator.h"

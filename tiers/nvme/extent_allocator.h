@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // ExtentAllocator: hands out aligned byte ranges of one growable file.
 //
 // Free space is a set of holes below the high-water mark `end()`. An

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The real IoEnv: thin wrappers over the system calls and liburing, each
 // returning -errno on failure. Stateless, so safe from any thread; the one
 // instance lives until the process exits.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // IoEnv: the only way the NVMe tier touches the operating system.
 //
 // Every system call and io_uring operation of the NVMe tier (tiers/nvme/)

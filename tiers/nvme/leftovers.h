@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Swap files that a run killed part-way left behind: "strata-nvme-<pid>-<n>.swap"
 // in an NVMe directory, whose owner is gone.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NvmeTier: the tier that composes swap files, extents, rings, block
 // checksums and the registered-buffer table (tiers/nvme/nvme_tier.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NvmeTier: tensor bytes in files on one or more NVMe (or other) directories.
 //
 // The tier composes the pieces of tiers/nvme/: swap files (swap_file.h),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ring: submission, completion, short-transfer re-queue and retries of one
 // io_uring, on its own thread (tiers/nvme/ring.h).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Ring: one io_uring and the I/O thread that owns it. The NVMe tier has
 // `rings` of them (aio.intra_op_parallelism).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SwapFile: creating, growing, checking and removing one swap file
 // (tiers/nvme/swap_file.h).
 #include "tiers/nvme/swap_file.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SwapFile: one scratch file of the NVMe tier, in one directory.
 //
 // - Create makes a new file "strata-nvme-<pid>-<n>.swap" in the directory

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Transfer and Part: a caller's Read or Write of the NVMe tier, and its share
 // on one ring.
 //

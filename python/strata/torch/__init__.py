@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """strata for PyTorch: OffloadAdam, a torch.optim.Optimizer whose Adam state
 lives in a strata tier store (host memory or NVMe) and is updated by
 strata's SIMD CPU Adam (offload_adam.py says how to use it).

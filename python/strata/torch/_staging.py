@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """CudaStaging: the pinned host buffers and side streams through which the
 update of CUDA parameters moves, one per device.
 

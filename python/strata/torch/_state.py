@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ParamState: one parameter's Adam state in the tier store.
 
 The state of a parameter of n elements is one store tensor "p<index>" of

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Update: one optimizer step over a list of parameters, in order.
 
 Each item is a parameter, its ParamState, its gradient and its group's

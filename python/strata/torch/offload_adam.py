@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """OffloadAdam: a torch.optim.Optimizer whose fp32 master weights and
 Adam/AdamW moments live in a strata TierStore (host memory, or NVMe with
 `nvme_dirs`), updated by strata's SIMD CPU Adam, which writes the new
