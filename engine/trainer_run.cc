@@ -85,9 +85,11 @@ Status Trainer::Run(std::ostream& given) {
 Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
   const Config& c = cfg();
   Trainer& t = *owner;
+  int64_t validated_step = -1;  // the step the last validation followed
   auto validate = [&]() -> Status {
     ASSIGN_OR_RETURN(double vl, t.Evaluate(c.trainer.eval_batches));
     log->Val(step, vl, c.trainer.eval_batches);
+    validated_step = step;
     return Status::OK();
   };
   int64_t saved_step = -1;  // the step the last checkpoint holds
@@ -141,7 +143,9 @@ Status Trainer::Impl::RunSteps(int64_t total, RunLog* log) {
   }
   ASSIGN_OR_RETURN(const int sig, stop_signal());
   if (sig) return stop(sig);
-  if (data->val_tokens()) RETURN_IF_ERROR(validate());
+  // The run ends with a validation, unless the interval's just ran after
+  // the last step (every rank takes the same branch: the steps agree).
+  if (data->val_tokens() && validated_step != step) RETURN_IF_ERROR(validate());
   if (!opt.save_dir.empty()) RETURN_IF_ERROR(save());
   RETURN_IF_ERROR(pool->WaitAll(step));
   TierStoreStats st = store->stats();

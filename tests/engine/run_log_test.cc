@@ -45,6 +45,32 @@ StepReport Report(int64_t step, double loss) {
   return r;
 }
 
+// The interval's validation after the last step is the run's final one: it
+// is printed and logged once, not twice.
+TEST(RunLog, AnIntervalEndingOnTheLastStepValidatesOnce) {
+  TempDir dir;
+  TrainOptions o = testing::TinyTrainer(2);
+  o.backend = "cpu";
+  o.cpu_threads = 2;
+  o.steps = 4;
+  o.config.trainer.eval_batches = 1;
+  o.config.trainer.eval_interval = 2;
+  o.gpu_memory_limit = 256 * kMiB;
+  o.host_memory_limit = 256 * kMiB;
+  o.log_json = dir.File("log.jsonl");
+  std::ostringstream log, out;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_OK(t->Run(out));
+  std::vector<int64_t> val_steps;
+  for (const auto& j : Records(o.log_json))
+    if (j["type"] == "val") val_steps.push_back(j["step"].get<int64_t>());
+  EXPECT_EQ(val_steps, (std::vector<int64_t>{2, 4})) << out.str();
+  const std::string text = out.str();
+  size_t printed = 0;
+  for (size_t at = text.find("val loss"); at != std::string::npos; at = text.find("val loss", at + 1)) ++printed;
+  EXPECT_EQ(printed, 2u) << text;
+}
+
 // A whole run through Trainer::Run: its header, a record per step, the
 // printed lines' records, the validation, the summary; a second run appends
 // its own header and records after the first's.
