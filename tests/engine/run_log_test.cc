@@ -45,19 +45,26 @@ StepReport Report(int64_t step, double loss) {
   return r;
 }
 
+// A tiny CPU run of `steps` steps that validates every `interval` and logs
+// JSON into dir.
+TrainOptions LoggedCpuRun(const TempDir& dir, int64_t steps, int64_t interval) {
+  TrainOptions o = testing::TinyTrainer(2);
+  o.backend = "cpu";
+  o.cpu_threads = 2;
+  o.steps = steps;
+  o.config.trainer.eval_batches = 1;
+  o.config.trainer.eval_interval = interval;
+  o.gpu_memory_limit = 256 * kMiB;
+  o.host_memory_limit = 256 * kMiB;
+  o.log_json = dir.File("log.jsonl");
+  return o;
+}
+
 // The interval's validation after the last step is the run's final one: it
 // is printed and logged once, not twice.
 TEST(RunLog, AnIntervalEndingOnTheLastStepValidatesOnce) {
   TempDir dir;
-  TrainOptions o = testing::TinyTrainer(2);
-  o.backend = "cpu";
-  o.cpu_threads = 2;
-  o.steps = 4;
-  o.config.trainer.eval_batches = 1;
-  o.config.trainer.eval_interval = 2;
-  o.gpu_memory_limit = 256 * kMiB;
-  o.host_memory_limit = 256 * kMiB;
-  o.log_json = dir.File("log.jsonl");
+  TrainOptions o = LoggedCpuRun(dir, 4, 2);
   std::ostringstream log, out;
   ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
   ASSERT_OK(t->Run(out));
@@ -76,16 +83,8 @@ TEST(RunLog, AnIntervalEndingOnTheLastStepValidatesOnce) {
 // its own header and records after the first's.
 TEST(RunLog, TheJsonLogOfARun) {
   TempDir dir;
-  TrainOptions o = testing::TinyTrainer(2);
-  o.backend = "cpu";
-  o.cpu_threads = 2;
-  o.steps = 5;
+  TrainOptions o = LoggedCpuRun(dir, 5, 4);
   o.config.steps_per_print = 2;
-  o.config.trainer.eval_batches = 1;
-  o.config.trainer.eval_interval = 4;
-  o.gpu_memory_limit = 256 * kMiB;
-  o.host_memory_limit = 256 * kMiB;
-  o.log_json = dir.File("log.jsonl");
   o.argv = {"strata", "train", "--steps", "5"};
   for (int run = 0; run < 2; ++run) {
     std::ostringstream log, out;
