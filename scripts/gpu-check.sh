@@ -4,6 +4,7 @@
 # ./gpu-check-out). Stages are chosen by name:
 #   scripts/gpu-check.sh build tests adam nvme pcie store kernels train workloads generate
 #   scripts/gpu-check.sh peers-smoke peers peers-offload   (PyTorch / DeepSpeed beside strata)
+#   scripts/gpu-check.sh nvmepair                           (old against new: OLD_BUILD)
 # `build` builds everything (or only TARGETS="a b" when set). Each stage has
 # its own timeout so one hang does not cost the rest.
 # On a machine without a package registry the Debian dependencies come from
@@ -74,6 +75,17 @@ for stage in "$@"; do
           run "bench-$w-clip$c" 420 "$BUILD/bin/strata-bench" train --workload "$w" --clip "$c" \
             ${WORKLOAD_ARGS:-} --json "$LOGS/$w-clip$c.json"
         done
+      done ;;
+    nvmepair)  # old against new on gpt-1.3b-nvme, alternating (the virtio disk drifts with what it wrote):
+               # OLD_BUILD (default .old/build-gpu) holds the old strata-bench; each run's ratio divides by
+               # raw io_uring measured in that run (docs/gpu-machine.md)
+      mkdir -p /var/tmp/strata-nvme
+      i=0
+      for v in new old new old; do
+        i=$((i + 1))
+        b="$BUILD"; [ $v = old ] && b="${OLD_BUILD:-.old/build-gpu}"
+        run "nvmepair-$i-$v" 150 "$b/bin/strata-bench" train --workload gpt-1.3b-nvme --clip 0 \
+          ${NVMEPAIR_ARGS:---steps 2 --warmup 1}
       done ;;
     *) log "unknown stage $stage" ;;
   esac
