@@ -96,12 +96,17 @@ def check_loss(strata, work, dtype, rel):
     assert abs(hf_loss - strata_loss) <= rel * strata_loss, (dtype, hf_loss, strata_loss)
 
 
+def held_out():
+    """The bytes strata validates on with data.val_fraction 0.05: the last 5%."""
+    data = open(KJV, "rb").read()
+    return data[len(data) - int(len(data) * 0.05):]
+
+
 def val_batches(T, B, batches):
     """The validation batches as strata draws them (engine/data.h): the byte
     tokens' last 5%, row k the window at k * T mod (n_val - T)."""
-    data = open(KJV, "rb").read()
-    n_val = int(len(data) * 0.05)
-    val = data[len(data) - n_val:]
+    val = held_out()
+    n_val = len(val)
     starts = [(k * T) % (n_val - T) for k in range(batches * B)]
     x = torch.tensor([list(val[s:s + T]) for s in starts])
     y = torch.tensor([list(val[s + 1:s + T + 1]) for s in starts])
@@ -112,8 +117,8 @@ def check_llama(strata, work):
     """A Llama directory saved by transformers (bf16, sharded, GQA 4:2), fine-
     tuned 50 steps by strata with no model section in the config (the model
     from DIR/config.json), loads back in transformers, and transformers' loss
-    on the held-out batches equals strata's validation loss there within
-    1e-3 relative."""
+    on the held-out batches equals strata's validation loss there (what
+    `strata eval` prints for the step directory) within 1e-3 relative."""
     import torch.nn.functional as F
     from transformers import LlamaConfig, LlamaForCausalLM
     B, T, V, batches, steps = 4, 64, 256, 2, 50
@@ -135,6 +140,18 @@ def check_llama(strata, work):
     with open(log) as f:
         strata_loss = [r for r in map(json.loads, f) if r.get("type") == "val"][-1]["val_loss"]
     step = os.path.join(tuned, "step-%06d" % steps)
+    # `strata eval` on the step directory, given the held-out 5% as its file
+    # (it evaluates on the whole file it is given), prints the same
+    # validation loss (to its four decimals).
+    val_file = os.path.join(work, "kjv-val.txt")
+    with open(val_file, "wb") as f:
+        f.write(held_out())
+    ev = subprocess.run([strata, "eval", "--backend", BACKEND, "--model", step, "--data", val_file,
+                         "--batches", str(batches), "--batch", str(B)],
+                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert ev.returncode == 0, ev.stdout
+    eval_loss = float(ev.stdout.split("val loss")[1].split()[0])
+    assert abs(eval_loss - strata_loss) <= 5.01e-5, (eval_loss, strata_loss, ev.stdout)
     model = AutoModelForCausalLM.from_pretrained(step, torch_dtype=torch.float32).eval()
     assert type(model).__name__ == "LlamaForCausalLM", type(model)
     x, y = val_batches(T, B, batches)
