@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -73,16 +74,21 @@ std::string SourcePath(const std::string& rel) { return std::string(STRATA_SOURC
 bool HaveGpu(std::string* why) { return CudaDeviceCount(why) > 0; }
 
 int FreeLoopbackPort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ADD_FAILURE() << "FreeLoopbackPort: socket: " << std::strerror(errno);
+    return 0;
+  }
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   a.sin_port = 0;
-  ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
   socklen_t len = sizeof a;
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
+  if (!ok) ADD_FAILURE() << "FreeLoopbackPort: bind/getsockname on 127.0.0.1: " << std::strerror(errno);
   ::close(fd);
-  return ntohs(a.sin_port);
+  return ok ? ntohs(a.sin_port) : 0;
 }
 
 }  // namespace strata::testing

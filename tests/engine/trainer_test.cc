@@ -420,10 +420,15 @@ int OverwriteSwapFiles(const std::string& dir, std::string* seen = nullptr) {
     // Plausible values (fp32 0.01), so that nothing but a checksum can tell.
     const std::vector<float> junk(static_cast<size_t>(e.file_size()) / 4, 0.01f);
     const auto bytes = static_cast<ssize_t>(junk.size() * 4);
-    if (::pwrite(fd, junk.data(), static_cast<size_t>(bytes), 0) == bytes && ::fsync(fd) == 0)
-      ++n;
+    const ssize_t wrote = ::pwrite(fd, junk.data(), static_cast<size_t>(bytes), 0);
+    if (wrote < 0)
+      what << " pwrite: " << std::strerror(errno);
+    else if (wrote != bytes)
+      what << " pwrite wrote " << wrote << " of " << bytes << " bytes";
+    else if (::fsync(fd) != 0)
+      what << " fsync: " << std::strerror(errno);
     else
-      what << " pwrite/fsync: " << std::strerror(errno);
+      ++n;
     ::close(fd);
   }
   if (seen != nullptr) *seen = what.str();
