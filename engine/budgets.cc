@@ -41,7 +41,6 @@ PlanInputs MakePlanInputs(const Config& cfg, const models::ModelSpec& m, DType d
   in.offload_param = zo.offload_param.device;
   in.offload_optimizer = zo.offload_optimizer.device;
   in.cpu_checkpointing = cfg.activation_checkpointing.cpu_checkpointing;
-  in.optimizer_chunk_params = std::max<uint64_t>(in.layer_params, 1);
   in.optimizer_offload_ratio = zo.offload_optimizer.ratio;
   in.speculative_state = speculative_state;
   in.zero_partitions = cfg.world_size > 1 && zo.stage >= 1 ? cfg.world_size : 1;  // (the plan is per rank)

@@ -82,10 +82,6 @@ struct PlanInputs {
   std::string offload_optimizer = "none";
   bool cpu_checkpointing = false;  // activation_checkpointing.cpu_checkpointing
   int prefetch_depth = 0;          // 0 = as deep as the GPU budget allows, up to 4
-  // Optimizer state on NVMe moves in chunks of at most this many parameters
-  // (DeepSpeed's sub_group_size): three chunks in host memory at a time
-  // (read-ahead, updating, write-behind).
-  uint64_t optimizer_chunk_params = 16ull << 20;
   bool layer_major = true;         // all micro-batches through a layer before the next
   // zero_optimization.offload_optimizer.ratio: the fraction of the optimizer
   // state offloaded (to `offload_optimizer`, which must then be "cpu" or

@@ -273,6 +273,26 @@ TEST(PlannerRatio, PrefixRuleAtTheEnds) {
   EXPECT_THAT(none.Table(in.gpu_budget, in.host_budget), HasSubstr("keeps no whole shard on the GPU"));
 }
 
+// The host update holds a whole shard's master/m/v while the next one is
+// read ahead and the last written behind: the host window is the three
+// largest offloaded shards' state, the embedding's (twice a block in GPT
+// 1.3B) among them, not three blocks'.
+TEST(Planner, NvmeOptimizerWindowHoldsTheThreeLargestShards) {
+  PlanInputs in = Gpt(24, 2048, 2048, 50304, 8, 1);
+  in.gpu_budget = 139 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.have_nvme = true;
+  in.offload_optimizer = "nvme";
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  ASSERT_EQ(p.optimizer, TierKind::kNvme);
+  EXPECT_EQ(RowOf(p, "optimizer").host, (in.embedding_params + 2 * in.layer_params) * 12);
+  // Per rank, each shard's slice.
+  in.zero_partitions = 4;
+  ASSERT_OK_AND_ASSIGN(Plan q, MakePlan(in));
+  EXPECT_EQ(RowOf(q, "optimizer").host,
+            ((in.embedding_params + 3) / 4 + 2 * ((in.layer_params + 3) / 4)) * 12);
+}
+
 TEST(PlannerRatio, RestGoesToNvme) {
   PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
   in.gpu_budget = 8 * kGiB;
