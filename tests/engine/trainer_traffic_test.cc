@@ -162,36 +162,48 @@ TEST(TrainerTrafficRoomy, LossesDoNotDependOnTheRoom) {
 // The optimizer state on NVMe passes through the host tier a whole shard at
 // a time, three shards at once (read ahead, updating, written behind). With
 // an embedding ten times a block, a host tier sized for three blocks ran out
-// of room for the embedding's third tensor ("no room for tensor 'emb.v'").
-// Every step moves each shard's state once each way, and no more.
+// of room for the embedding's third tensor ("no room for tensor 'emb.v'" at
+// step 2). The run completes, every shard's state goes each way each step,
+// and the losses are the optimizer-on-the-host run's. (The bytes are not
+// asserted exactly: when the write-behind lags, as on a loaded machine, a
+// read-ahead copy can be dropped and read again.)
 TEST(TrainerTrafficNvme, AnEmbeddingLargerThanTheBlocksFitsTheHostWindow) {
   testing::TempDir nvme;
-  TrainOptions o = testing::TinyTrainer(4, 256, 128);
-  Config& c = o.config;
+  TrainOptions host = testing::TinyTrainer(4, 256, 128);
+  Config& c = host.config;
   c.model.vocab_size = 50304;
   c.micro_batch = 2;
   c.grad_accum = 1;
   c.train_batch_size = 2;
   c.bf16 = true;
   c.gradient_clipping = 0;
-  c.zero.offload_optimizer.device = "nvme";
-  c.zero.offload_optimizer.nvme_path = nvme.path();
-  c.zero.offload_optimizer.pipeline_read = c.zero.offload_optimizer.pipeline_write = true;
-  o.backend = "cpu";
-  o.cpu_threads = 2;
-  o.host_memory_limit = 1 * kGiB;
-  std::ostringstream log;
-  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
-  ASSERT_OK_AND_ASSIGN(const models::ModelSpec spec, ModelSpecFor(c));
+  c.zero.offload_optimizer.device = "cpu";
+  host.backend = "cpu";
+  host.cpu_threads = 2;
+  host.host_memory_limit = 1 * kGiB;
+  TrainOptions o = host;
+  o.config.zero.offload_optimizer.device = "nvme";
+  o.config.zero.offload_optimizer.nvme_path = nvme.path();
+  o.config.zero.offload_optimizer.pipeline_read = o.config.zero.offload_optimizer.pipeline_write = true;
+  ASSERT_OK_AND_ASSIGN(const models::ModelSpec spec, ModelSpecFor(o.config));
   uint64_t state = 0;  // master, m and v of every shard, each in whole pages (O_DIRECT)
   for (const models::UnitSpec& u : spec.units) state += 3 * AlignUp(static_cast<uint64_t>(u.numel) * 4, 4096);
-  ASSERT_EQ(t->plan().optimizer, TierKind::kNvme) << t->PlanTable();
-  for (int step = 1; step <= 4; ++step) {
-    ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
-    if (step < 3) continue;  // (the first updates' writes land in the next step)
-    EXPECT_EQ(r.nvme_read, state) << "step " << step;
-    EXPECT_EQ(r.nvme_write, state) << "step " << step;
+  std::vector<std::vector<double>> losses;
+  for (const TrainOptions& run : {host, o}) {
+    std::ostringstream log;
+    ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(run, log));
+    const bool on_nvme = &run == &o;
+    if (on_nvme) ASSERT_EQ(t->plan().optimizer, TierKind::kNvme) << t->PlanTable();
+    losses.emplace_back();
+    for (int step = 1; step <= 4; ++step) {
+      ASSERT_OK_AND_ASSIGN(StepReport r, t->Step());
+      losses.back().push_back(r.loss);
+      if (!on_nvme || step < 3) continue;  // (the first updates' writes land in the next step)
+      EXPECT_GE(r.nvme_read, state) << "step " << step;
+      EXPECT_GE(r.nvme_write, state) << "step " << step;
+    }
   }
+  EXPECT_EQ(losses[0], losses[1]);
 }
 
 }  // namespace
