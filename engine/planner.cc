@@ -130,19 +130,20 @@ Sizes SizesFor(const PlanInputs& in) {
   z.gpu_blocks_p = z.Kb * z.layer_p;
   z.emb_rest_p = ((z.emb_gpu ? 0 : in.embedding_params) + (z.lnf_gpu ? 0 : in.final_params)) * in.param_bytes;
   z.max_block = std::max(in.layer_params, in.embedding_params + in.final_params);
-  z.max_offloaded =
-      std::max({z.K == 0 ? in.embedding_params : 0, z.Kb < z.L ? in.layer_params : 0, z.lnf_gpu ? 0 : in.final_params});
+  // The largest offloaded shards, largest first: the embedding unless the
+  // GPU keeps it, up to three of the blocks it does not keep, ln_f unless kept.
+  std::vector<uint64_t> offloaded;
+  if (z.K == 0) offloaded.push_back(in.embedding_params);
+  offloaded.insert(offloaded.end(), std::min<uint64_t>(3, z.L - z.Kb), in.layer_params);
+  if (!z.lnf_gpu) offloaded.push_back(in.final_params);
+  std::sort(offloaded.begin(), offloaded.end(), std::greater<>());
+  z.max_offloaded = offloaded.empty() ? 0 : offloaded.front();
   z.n_offloaded = static_cast<uint64_t>(z.n_shards - z.K);
   z.align = std::max<uint64_t>(in.host_alignment, 1);
   // Optimizer state on NVMe passes through host memory a whole shard at a
   // time (engine/shard_update.h): the one updating, the next one read ahead,
   // the last one written behind. Three shards' state at once, at most the
   // three largest offloaded ones (this rank's slices of them).
-  std::vector<uint64_t> offloaded;
-  if (z.K == 0) offloaded.push_back(in.embedding_params);
-  for (uint64_t i = z.Kb; i < std::min(z.L, z.Kb + 3); ++i) offloaded.push_back(in.layer_params);
-  if (!z.lnf_gpu) offloaded.push_back(in.final_params);
-  std::sort(offloaded.begin(), offloaded.end(), std::greater<>());
   for (size_t i = 0; i < std::min<size_t>(3, offloaded.size()); ++i)
     z.opt_staging += (offloaded[i] + W - 1) / W * z.opt_pp;
   z.base = in.layer_workspace + in.head_workspace + in.fixed_gpu + z.max_block * 4 + z.ck_set;
