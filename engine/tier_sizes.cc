@@ -73,6 +73,11 @@ TierSizes TierSizesFor(const TrainOptions& o, const RunPlan& run, const models::
   }
   const uint64_t host_budget = run.budgets.host / 4096 * 4096;  // what the host tier would take of it
   t.host = std::min(host_budget, AlignUp(p.host_total + host_margin, 4096));
+  // NVMe: the budget's room beyond the plan is where the write-behind trails
+  // into the next step's forward (when the disk has no reads to serve)
+  // instead of taking turns with the backward's read-ahead.
+  const bool io_room = nvme && t.host < host_budget;
+  if (io_room) t.host = host_budget;
 
   t.what = "tiers: gpu " + FormatBytes(t.gpu) + " (the plan's " + FormatBytes(p.gpu_total);
   if (window) t.what += " + a swap window of up to " + FormatBytes(window);
@@ -80,7 +85,8 @@ TierSizes TierSizesFor(const TrainOptions& o, const RunPlan& run, const models::
   t.what += " + a " + FormatBytes(kTierMargin) + " margin" +
             (t.gpu == run.budgets.gpu ? ", capped at the budget" : "") + "); host " + FormatBytes(t.host) +
             " (the plan's " + FormatBytes(p.host_total) + " + a " + FormatBytes(host_margin) + " margin" +
-            (t.host == host_budget ? ", capped at the budget" : "") + ", " +
+            (io_room ? ", and the rest of the budget as room for the NVMe write-behind"
+                     : t.host == host_budget ? ", capped at the budget" : "") + ", " +
             (t.host_pin ? "pinned" : p.host_total == 0 ? "unpinned: nothing planned there" : "unpinned: pin_memory false") +
             ")\n";
   return t;

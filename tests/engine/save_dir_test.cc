@@ -5,7 +5,8 @@
 // needs a process without CAP_IPC_LOCK, is in train_cli_test.cc). The --save directory is locked for the run (a
 // second run fails naming the holder's PID) and cleared of what killed runs
 // left (engine/save_dir.h). The tiers take what the plan needs plus a
-// stated margin, not the whole budget (engine/tier_sizes.h).
+// stated margin, not the whole budget, except an NVMe plan's host tier
+// (engine/tier_sizes.h).
 #include "engine/save_dir.h"
 
 #include <sys/statvfs.h>
@@ -224,6 +225,22 @@ TEST(TierSizes, ThePlanAndAMarginNotTheBudget) {
   EXPECT_THAT(t2->PlanTable(), HasSubstr("pinned)"));
   ASSERT_OK(t2->Step().status());
   ASSERT_OK(t2->Step().status());
+}
+
+// The optimizer state on NVMe: the host tier may take the whole budget, the
+// room beyond the plan being the write-behind's, and the table says so.
+TEST(TierSizes, AnNvmePlanGivesTheRestOfTheHostBudgetToTheWriteBehind) {
+  TempDir nvme;
+  TrainOptions o = Tiny(2);
+  o.config.zero.offload_optimizer.device = "nvme";
+  o.config.zero.offload_optimizer.nvme_path = nvme.path();
+  std::ostringstream log;
+  ASSERT_OK_AND_ASSIGN(auto t, Trainer::Create(o, log));
+  ASSERT_LT(t->plan().host_total + 64 * kMiB, o.host_memory_limit);
+  EXPECT_THAT(t->PlanTable(), HasSubstr("host 256 MiB (the plan's "));
+  EXPECT_THAT(t->PlanTable(), HasSubstr("and the rest of the budget as room for the NVMe write-behind"));
+  ASSERT_OK(t->Step().status());
+  ASSERT_OK(t->Step().status());
 }
 
 }  // namespace
