@@ -71,39 +71,33 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::C
   if (device_memory && (backend == nullptr || backend->kind() != kernels::BackendKind::kCuda))
     return InvalidArgument("the NCCL communicator needs the CUDA backend whose memory and stream it uses");
   std::unique_ptr<DataParallel> dp(new DataParallel(std::move(comm)));
-  if (device_memory) {
-    dp->backend_ = backend;
-    ASSIGN_OR_RETURN(dp->scalar_, backend->Allocate(8));
-  }
+  if (device_memory) dp->backend_ = backend;
+  ASSIGN_OR_RETURN(StagedCollectives staged, StagedCollectives::Create(dp->comm_.get(), dp->backend_));
+  dp->staged_.emplace(std::move(staged));
   return dp;
 }
 
-Status DataParallel::ReduceScalar(void* v, size_t bytes, DType dtype, comm::ReduceOp op) {
-  if (backend_ == nullptr) return comm_->AllReduce(v, v, 1, dtype, op, nullptr);
-  // (CopyToDevice and CopyToHost are ordered on the backend's stream, as the collective is.)
-  RETURN_IF_ERROR(backend_->CopyToDevice(scalar_.data(), v, bytes));
-  RETURN_IF_ERROR(comm_->AllReduce(scalar_.data(), scalar_.data(), 1, dtype, op, backend_->native_stream()));
-  RETURN_IF_ERROR(backend_->CopyToHost(v, scalar_.data(), bytes));
-  return comm_->Synchronize();  // a collective that failed on the stream: its error, not the buffer's bytes
+Status DataParallel::ReduceScalar(void* v, DType dtype, comm::ReduceOp op) {
+  return staged_->AllReduceHost(v, 1, dtype, op);
 }
 
 Result<int64_t> DataParallel::SumCount(int64_t local) {
   int64_t v = local;
-  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kI64, comm::ReduceOp::kSum)
+  RETURN_IF_ERROR(ReduceScalar(&v, DType::kI64, comm::ReduceOp::kSum)
                       .WithContext("summing the step's counted targets over the ranks"));
   return v;
 }
 
 Result<double> DataParallel::SumLoss(double local) {
   double v = local;
-  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kF64, comm::ReduceOp::kSum)
+  RETURN_IF_ERROR(ReduceScalar(&v, DType::kF64, comm::ReduceOp::kSum)
                       .WithContext("summing the step's loss over the ranks"));
   return v;
 }
 
 Result<int> DataParallel::AnyStop(int signal) {
   int32_t v = signal;
-  RETURN_IF_ERROR(ReduceScalar(&v, sizeof v, DType::kI32, comm::ReduceOp::kMax)
+  RETURN_IF_ERROR(ReduceScalar(&v, DType::kI32, comm::ReduceOp::kMax)
                       .WithContext("agreeing with the other ranks on whether to stop"));
   return static_cast<int>(v);
 }
@@ -113,27 +107,18 @@ Status DataParallel::ReduceGradient(void* f32, int64_t numel, void* stream) {
 }
 
 Status DataParallel::ReduceScatterGradient(float* f32, int64_t numel, int64_t slice_pad) {
-  const size_t W = static_cast<size_t>(world()), pad = static_cast<size_t>(slice_pad);
-  padded_.assign(W * pad, 0.f);
-  slice_.resize(pad);
-  std::copy(f32, f32 + numel, padded_.begin());
-  RETURN_IF_ERROR(comm_->ReduceScatter(padded_.data(), slice_.data(), pad, DType::kF32, comm::ReduceOp::kSum,
-                                       nullptr));
-  const int64_t off = std::min<int64_t>(numel, slice_pad * rank());
-  const int64_t len = std::min<int64_t>(numel, off + slice_pad) - off;
-  std::copy(slice_.begin(), slice_.begin() + len, f32 + off);
-  return Status::OK();
+  return staged_->ReduceScatterFlat(f32, numel, slice_pad);
 }
 
-Status DataParallel::AllGather(const void* send, void* recv, size_t count, DType dtype) {
-  return comm_->AllGather(send, recv, count, dtype, nullptr);
+Status DataParallel::AllGather(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems,
+                               bool recv_on_backend) {
+  return staged_->AllGather(send, count, dtype, recv, recv_elems, recv_on_backend);
 }
 
 Status DataParallel::SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite) {
-  RETURN_IF_ERROR(comm_->AllReduce(sum_sq, sum_sq, 1, DType::kF64, comm::ReduceOp::kSum, nullptr)
+  RETURN_IF_ERROR(staged_->AllReduceHost(sum_sq, 1, DType::kF64, comm::ReduceOp::kSum)
                       .WithContext("summing the gradient's squared norm over the ranks' slices"));
-  return comm_->AllReduce(nonfinite->data(), nonfinite->data(), nonfinite->size(), DType::kI32, comm::ReduceOp::kSum,
-                          nullptr)
+  return staged_->AllReduceHost(nonfinite->data(), nonfinite->size(), DType::kI32, comm::ReduceOp::kSum)
       .WithContext("summing the non-finite gradient counts over the ranks' slices");
 }
 

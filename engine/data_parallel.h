@@ -29,7 +29,7 @@
 //              with the same reduced gradients, so the replicas stay
 //              identical without a broadcast (same initialization: the
 //              seed, or the same checkpoint).
-//   ZeRO       stages 1-3 (PartitionsState; the CPU backend): each unit's
+//   ZeRO       stages 1-3 (PartitionsState): each unit's
 //              flat state is split in W equal slices (padded, DeepSpeed's
 //              flat partitions; engine/model_state.h) and rank r keeps the
 //              fp32 master and Adam moments of slice r alone. The final
@@ -40,6 +40,12 @@
 //              (AllGather): at stages 1 and 2 into every rank's whole
 //              parameters once the step's update is done, at stage 3 into
 //              a transient buffer at each use (engine/param_gather.h).
+//              These run through one bounded staging buffer in rounds
+//              (engine/staged_collectives.h): the slices are host memory
+//              and NCCL moves device memory, and a unit's last slice is
+//              padded. At world size 1 the path is taken only with
+//              TrainOptions::partition_at_world_one (one slice per unit:
+//              the tests and measurements of the path on one GPU).
 //              Stage 1 reduce-scatters too (it is stage 2 here; neither
 //              frees the backward's full-size gradient buffer). A
 //              checkpoint is gathered unit by unit for rank 0 to write in
@@ -52,13 +58,14 @@
 //              (the backend's): a gradient's all-reduce runs after the
 //              kernels that finished it and before its statistics. The
 //              scalars (SumCount, SumLoss, AnyStop) go through a small
-//              device buffer on that stream and wait for the result.
+//              staging buffer on that stream and wait for the result.
 //
 // Thread-safety: the step's thread only (collectives run in one order).
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -66,6 +73,7 @@
 #include "comm/communicator.h"
 #include "comm/rank_env.h"
 #include "engine/config.h"
+#include "engine/staged_collectives.h"
 #include "engine/train_options.h"
 #include "kernels/backend.h"
 
@@ -105,14 +113,17 @@ class DataParallel {
   // `numel` fp32 values (the backend's memory; `stream` its stream) summed
   // over the ranks in place.
   Status ReduceGradient(void* f32, int64_t numel, void* stream);
-  // ZeRO stages >= 1: `numel` fp32 values (host memory: the CPU backend's)
-  // reduce-scattered in DeepSpeed's flat layout (padded with zeros to world
-  // × slice_pad): the sum over the ranks of [rank × slice_pad, ...) lands in
-  // place in that range of `f32` (the rest keeps this rank's values).
+  // ZeRO stages >= 1: `numel` fp32 values (the backend's memory, as the
+  // gradient is) reduce-scattered in DeepSpeed's flat layout (padded with
+  // zeros to world × slice_pad): the sum over the ranks of [rank ×
+  // slice_pad, ...) lands in place in that range of `f32` (the rest keeps
+  // this rank's values).
   Status ReduceScatterGradient(float* f32, int64_t numel, int64_t slice_pad);
-  // `count` elements of `dtype` from every rank into `recv` (world × count,
-  // rank r's at r × count), host memory.
-  Status AllGather(const void* send, void* recv, size_t count, DType dtype);
+  // `count` elements of `dtype` from every rank (`send`: host memory) into
+  // `recv`: the first `recv_elems` of the world × count gathered (rank r's
+  // at r × count), in the backend's memory when `recv_on_backend`, else in
+  // host memory.
+  Status AllGather(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems, bool recv_on_backend);
   // Partitioned: each rank's statistics of its slices (the squared norm,
   // the non-finite count per unit) summed over the ranks in place.
   Status SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite);
@@ -122,15 +133,12 @@ class DataParallel {
 
  private:
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
-  // One value of `dtype` (`bytes` long, host memory) reduced over the ranks
-  // in place: directly on MPI, through `scalar_` on the backend's stream on
-  // NCCL.
-  Status ReduceScalar(void* v, size_t bytes, DType dtype, comm::ReduceOp op);
+  // One value of `dtype` (host memory) reduced over the ranks in place.
+  Status ReduceScalar(void* v, DType dtype, comm::ReduceOp op);
 
   std::unique_ptr<comm::Communicator> comm_;
-  std::vector<float> padded_, slice_;  // ReduceScatterGradient's buffers
-  kernels::Backend* backend_ = nullptr;  // NCCL: the step's backend (not owned)
-  kernels::DeviceBuffer scalar_;         // NCCL: 8 bytes of device memory
+  kernels::Backend* backend_ = nullptr;      // NCCL: the step's backend (not owned); MPI: none
+  std::optional<StagedCollectives> staged_;  // every collective but the stage-0 all-reduce
 };
 
 // The GPU a rank on the CUDA backend takes among the `visible` devices its

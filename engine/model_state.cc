@@ -291,15 +291,14 @@ Status ModelState::ReadShardState(size_t si, float* master, float* m, float* v) 
   if (!s.partitioned) return ReadOwnState(si, master, m, v);
   if (!gather_) return Internal("ModelState: " + s.name + " is partitioned but no gather is set");
   const size_t pad = static_cast<size_t>(s.slice_pad);
-  std::vector<float> own(pad), all(pad * static_cast<size_t>(layout_.world));
+  std::vector<float> own(pad);
   // Every rank asks for the same arrays (the same calls in the same order).
   for (auto [id, out, dt] : {std::tuple{s.w, master, DType::kF32}, {s.m, m, layout_.moment_dtype},
                              {s.v, v, layout_.moment_dtype}}) {
     if (!out) continue;
     RETURN_IF_ERROR(ReadMoment(store_, id, dt, own.data(), pad));  // (f32: the master too)
-    RETURN_IF_ERROR(gather_(own.data(), all.data(), pad, DType::kF32)
+    RETURN_IF_ERROR(gather_(own.data(), pad, DType::kF32, out, static_cast<size_t>(s.numel), false)
                         .WithContext("gathering " + s.name + "'s state from the ranks"));
-    std::copy(all.begin(), all.begin() + s.numel, out);
   }
   return Status::OK();
 }
@@ -317,20 +316,18 @@ Status ModelState::GatherParams(size_t si) {
   Shard& s = shards_[si];
   if (!s.partitioned || !s.p.valid()) return Status::OK();  // (stage 3: gathered at each use)
   if (!gather_) return Internal("ModelState: " + s.name + " is partitioned but no gather is set");
-  const size_t es = DTypeSize(layout_.dtype), pad = static_cast<size_t>(s.slice_pad);
-  std::vector<uint8_t> all(pad * static_cast<size_t>(layout_.world) * es);
-  {
-    ASSIGN_OR_RETURN(TensorView own, store_->Acquire(s.ps, TierKind::kHost, Access::kRead));
-    Status g = gather_(own.data, all.data(), pad, layout_.dtype);
-    RETURN_IF_ERROR(store_->Release(s.ps, TierKind::kHost, false));
-    RETURN_IF_ERROR(g.WithContext("gathering " + s.name + "'s parameters from the ranks"));
-  }
-  // Into the home copy (the host for an NVMe home, written through): a copy
+  const size_t pad = static_cast<size_t>(s.slice_pad);
+  // Into the home copy (the host for an NVMe home, written through; the
+  // device for a GPU home, straight from the collective's buffer): a copy
   // cached elsewhere becomes stale and is loaded again at its next use.
   const TierKind at = s.p_home == TierKind::kNvme ? TierKind::kHost : s.p_home;
-  ASSIGN_OR_RETURN(TensorView p, store_->Acquire(s.p, at, Access::kWriteDiscard));
-  std::memcpy(p.data, all.data(), static_cast<size_t>(s.numel) * es);
-  RETURN_IF_ERROR(store_->Release(s.p, at, true));
+  ASSIGN_OR_RETURN(TensorView own, store_->Acquire(s.ps, TierKind::kHost, Access::kRead));
+  auto p = store_->Acquire(s.p, at, Access::kWriteDiscard);
+  Status g = p.status();
+  if (g.ok()) g = gather_(own.data, pad, layout_.dtype, p->data, static_cast<size_t>(s.numel), at == TierKind::kGpu);
+  RETURN_IF_ERROR(store_->Release(s.ps, TierKind::kHost, false));
+  if (p.ok()) RETURN_IF_ERROR(store_->Release(s.p, at, g.ok()));
+  RETURN_IF_ERROR(g.WithContext("gathering " + s.name + "'s parameters from the ranks"));
   return WriteThrough(s.p, s.p_home);
 }
 

@@ -70,9 +70,12 @@ struct Shard {
   int64_t opt_numel() const { return partitioned ? slice_pad : numel; }
 };
 
-// All-gathers `count` elements of `dtype` from every rank (`recv`: world ×
-// count, rank r's at r × count), host memory; the communicator's collective.
-using GatherFn = std::function<Status(const void* send, void* recv, size_t count, DType dtype)>;
+// All-gathers `count` elements of `dtype` from every rank (`send`: host
+// memory) into the first `recv_elems` of `recv` (of the world × count
+// gathered, rank r's at r × count), which is the backend's memory when
+// `recv_on_backend`, else host memory (engine/data_parallel.h AllGather).
+using GatherFn = std::function<Status(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems,
+                                      bool recv_on_backend)>;
 
 class ModelState {
  public:
@@ -82,9 +85,10 @@ class ModelState {
     int64_t batch = 1, seq = 1, micro_batches = 1;
     bool layer_major = true;  // checkpoints of every micro-batch (else of one)
     // Data parallelism: this rank of `world`; zero_stage >= 1 with world > 1
-    // partitions the state (above).
+    // (or `partition_one` at world 1) partitions the state (above).
     int rank = 0, world = 1, zero_stage = 0;
-    bool partitioned() const { return world > 1 && zero_stage >= 1; }
+    bool partition_one = false;
+    bool partitioned() const { return (world > 1 || partition_one) && zero_stage >= 1; }
     // Stage 3: the parameters are partitioned too (no shard has `p`: each
     // use gathers them, engine/param_gather.h).
     bool gathers_params() const { return partitioned() && zero_stage >= 3; }

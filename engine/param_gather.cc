@@ -57,12 +57,12 @@ Status ParamGather::Gather(size_t u, Buffer* into) {
   TierStore* store = state_->store();
   const size_t es = DTypeSize(state_->layout().dtype), pad = static_cast<size_t>(sh.slice_pad);
   const size_t W = static_cast<size_t>(state_->layout().world);
-  scratch_.resize(W * pad * es);
   ASSIGN_OR_RETURN(TensorView own, store->Acquire(sh.ps, TierKind::kHost, Access::kRead));
-  Status g = gather_(own.data, scratch_.data(), pad, state_->layout().dtype);
+  // Straight into the buffer (the backend's memory): the unit's numel of the
+  // world × slice_pad gathered, never its padding.
+  Status g = gather_(own.data, pad, state_->layout().dtype, into->mem.data(), static_cast<size_t>(sh.numel), true);
   RETURN_IF_ERROR(store->Release(sh.ps, TierKind::kHost, false));
   RETURN_IF_ERROR(g.WithContext("gathering " + sh.name + "'s parameters from the ranks (ZeRO stage 3)"));
-  RETURN_IF_ERROR(backend_->CopyToDevice(into->mem.data(), scratch_.data(), static_cast<size_t>(sh.numel) * es));
   gathered_bytes_ += (W - 1) * pad * es;
   ++gathers_;
   return Status::OK();

@@ -13,9 +13,10 @@
 //
 // Buffers are made as the passes need them (each of the largest unit's
 // size), and then kept: their number is the most units the passes hold at
-// once plus the cached ones (a few). No prefetch ahead: the MPI collectives
-// block the step thread, so an early gather would move the same bytes at
-// the same cost without overlapping anything.
+// once plus the cached ones (a few). No prefetch ahead: each gather waits
+// for its result on the step thread (engine/staged_collectives.h), so an
+// early gather would move the same bytes at the same cost without
+// overlapping anything.
 //
 // Collectives: every rank acquires the same units in the same order (the
 // passes' order, deterministic), so the gathers match across ranks.
@@ -63,7 +64,6 @@ class ParamGather {
   GatherFn gather_;
   size_t buffer_bytes_ = 0;  // the largest unit's parameters
   std::vector<Buffer> buffers_;
-  std::vector<uint8_t> scratch_;  // world × slice_pad, host
   uint64_t clock_ = 0, gathered_bytes_ = 0, gathers_ = 0;
 };
 

@@ -65,9 +65,11 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kGpu, Access::kReadWrite));
   ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kGpu, Access::kReadWrite));
   ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-  // Partitioned (the CPU backend's): the slice's parameters go to `ps`.
+  // Partitioned: the slice's parameters go to `ps` (homed on the host; on
+  // the CUDA backend the kernel writes a GPU copy of it, which the gathers
+  // read from the host once the store has brought it down).
   const TensorId pid = sh.partitioned ? sh.ps : sh.p;
-  const TierKind ptier = sh.partitioned ? TierKind::kHost : TierKind::kGpu;
+  const TierKind ptier = sh.partitioned && !ctx_.cuda() ? TierKind::kHost : TierKind::kGpu;
   ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, ptier, Access::kWriteDiscard));
   const void* grad = static_cast<const char*>(g.data) + sh.slice_off * DTypeSize(lay.grad_dtype);
   const optim::AdamShard a =
@@ -84,7 +86,7 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   RETURN_IF_ERROR(store->Release(sh.w, TierKind::kGpu, true, s));
   RETURN_IF_ERROR(store->Release(sh.m, TierKind::kGpu, true, s));
   RETURN_IF_ERROR(store->Release(sh.v, TierKind::kGpu, true, s));
-  RETURN_IF_ERROR(store->Release(pid, ptier, true, sh.partitioned ? nullptr : s));
+  RETURN_IF_ERROR(store->Release(pid, ptier, true, ptier == TierKind::kHost ? nullptr : s));
   return CopyTicket{};
 }
 

@@ -33,6 +33,13 @@ struct TrainOptions {
   // `strata train` sets it): the ranks' path (engine/data_parallel.h) even
   // at world size 1, which config world_size > 1 takes anyway.
   bool launched = false;
+  // A launched run at world size 1 with zero_optimization.stage >= 1 takes
+  // the partitioned path too, as DeepSpeed does (each slice is then the
+  // whole unit): the reduce-scatter, the slices' updates, the gathers (at
+  // stage 3 at each use). Off, such a run is stage 0's (nothing to
+  // partition across, and nothing to gather); on, it measures and tests
+  // the partitioned path on one GPU.
+  bool partition_at_world_one = false;
   // With several ranks (config world_size > 1, engine/data_parallel.h): the
   // longest one collective may take before the rank gives up on its peers.
   double comm_timeout_s = 300;

@@ -121,10 +121,6 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(backend, MakeBackend(opt, device));
   if (Ranks(opt)) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s));
-    if (PartitionsState(c) && cuda())
-      return Unavailable("zero_optimization.stage " + std::to_string(c.zero.stage) + " across " +
-                           std::to_string(c.world_size) + " ranks partitions the state on the CPU backend only "
-                           "(its slices' updates and collectives use host memory); use stage 0 (replicated) here");
     if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
   }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
@@ -169,11 +165,12 @@ Status Trainer::Impl::Setup() {
     lay.rank = dp->rank();
     lay.world = dp->world();
     lay.zero_stage = c.zero.stage;
+    lay.partition_one = opt.partition_at_world_one;
   }
   ASSIGN_OR_RETURN(state, ModelState::Create(store.get(), spec, run.plan, lay, run.mode.speculative));
   if (lay.partitioned()) {
-    auto gather = [this](const void* send, void* recv, size_t count, DType dt) {
-      return dp->AllGather(send, recv, count, dt);
+    auto gather = [this](const void* send, size_t count, DType dt, void* recv, size_t recv_elems, bool on_backend) {
+      return dp->AllGather(send, count, dt, recv, recv_elems, on_backend);
     };
     state->SetGather(gather);
     if (lay.gathers_params()) param_gather = std::make_unique<ParamGather>(state.get(), backend.get(), gather);

@@ -4,7 +4,9 @@
 // it: the NCCL communicator joined through the TCP rendezvous, every
 // gradient all-reduced on the step's stream, the scalars through device
 // memory — and the losses are the plain single-rank run's, bit for bit (a
-// sum over one rank is the value). Skips without a GPU or NCCL.
+// sum over one rank is the value). ZeRO stages 1-3 through the partitioned
+// path at world size 1, and the staged collectives over NCCL, likewise.
+// Skips without a GPU or NCCL.
 #include <unistd.h>
 
 #include <cstdlib>
@@ -14,7 +16,9 @@
 
 #include "base/bytes.h"
 #include "comm/nccl_communicator.h"
+#include "engine/staged_collectives.h"
 #include "engine/trainer.h"
+#include "kernels/backend.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 
@@ -91,6 +95,84 @@ TEST_P(DataParallelGpu, NcclAtWorldOneGivesThePlainLosses) {
 
 INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, DataParallelGpu, ::testing::Values(false, true),
                          [](const auto& info) { return info.param ? "bf16" : "fp32"; });
+
+// ZeRO stages 1-3 on the CUDA backend through the partitioned path at world
+// size 1 (TrainOptions::partition_at_world_one): the gradient reduce-scattered
+// on the device through NCCL, the slices' statistics summed, each slice's
+// update writing its parameters' slice, and at stages 1-2 the gather into the
+// whole parameters, at stage 3 the gather at each use into device buffers —
+// with the optimizer state on the GPU and on the host. A sum over one rank
+// is the value, so the losses are the plain run's bit for bit.
+TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
+  STRATA_SKIP_WITHOUT_GPU();
+  if (!comm::BuiltWithNccl()) GTEST_SKIP() << "built without NCCL";
+  for (const char* where : {"none", "cpu"}) {
+    TrainOptions base = TinyGpu(GetParam());
+    base.config.zero.offload_optimizer.device = where;
+    std::string plain_log;
+    const std::vector<double> plain = Losses(base, &plain_log);
+    ASSERT_EQ(plain.size(), 4u);
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(std::string("stage ") + std::to_string(stage) + ", offload_optimizer " + where);
+      TrainOptions o = base;
+      o.config.zero.stage = stage;
+      o.launched = true;
+      o.partition_at_world_one = true;
+      LauncherEnv env(FreeLoopbackPort());
+      std::ostringstream log;
+      auto t = Trainer::Create(o, log);
+      ASSERT_OK(t.status());
+      EXPECT_THAT((*t)->PlanTable(), HasSubstr("zero stage " + std::to_string(stage) + " across 1 ranks"));
+      for (size_t i = 0; i < plain.size(); ++i) {
+        ASSERT_OK_AND_ASSIGN(StepReport r, (*t)->Step());
+        EXPECT_EQ(r.loss, plain[i]) << "step " << i + 1;
+      }
+    }
+  }
+}
+
+// The staged collectives (engine/staged_collectives.h) over NCCL on device
+// memory, with a 64-byte staging buffer so that every call takes rounds: at
+// one rank the reduce-scatter leaves the gradient as it was, the gather
+// writes exactly the elements asked for (host or device), the host
+// reductions keep their values.
+TEST(StagedCollectivesGpu, RoundsOverNcclAtWorldOne) {
+  STRATA_SKIP_WITHOUT_GPU();
+  if (!comm::BuiltWithNccl()) GTEST_SKIP() << "built without NCCL";
+  comm::RankEnv env;
+  env.master_port = FreeLoopbackPort();
+  ASSERT_OK_AND_ASSIGN(auto c, comm::CreateNcclCommunicator(env, 0, comm::CommOptions{}));
+  ASSERT_OK_AND_ASSIGN(auto be, kernels::MakeCudaBackend(0));
+  ASSERT_OK_AND_ASSIGN(StagedCollectives sc, StagedCollectives::Create(c.get(), be.get(), 64));
+  const size_t n = 37;
+  std::vector<float> g(n), back(n);
+  for (size_t i = 0; i < n; ++i) g[i] = 0.25f * static_cast<float>(i) - 3.f;
+  ASSERT_OK_AND_ASSIGN(kernels::DeviceBuffer dg, be->Allocate(n * 4));
+  ASSERT_OK(be->CopyToDevice(dg.data(), g.data(), n * 4));
+  ASSERT_OK(sc.ReduceScatterFlat(dg.as<float>(), static_cast<int64_t>(n), static_cast<int64_t>(n)));
+  ASSERT_OK(be->CopyToHost(back.data(), dg.data(), n * 4));
+  EXPECT_EQ(back, g);
+
+  const size_t count = 29, keep = 26;
+  std::vector<uint16_t> send(count);
+  for (size_t j = 0; j < count; ++j) send[j] = static_cast<uint16_t>(0x3f80 + j);
+  std::vector<uint16_t> host(count, 0xABAB), want(count, 0xABAB);
+  std::copy(send.begin(), send.begin() + keep, want.begin());
+  ASSERT_OK(sc.AllGather(send.data(), count, DType::kBF16, host.data(), keep, false));
+  EXPECT_EQ(host, want);
+  ASSERT_OK_AND_ASSIGN(kernels::DeviceBuffer dr, be->Allocate(count * 2));
+  ASSERT_OK(be->Memset(dr.data(), 0xAB, count * 2));
+  ASSERT_OK(sc.AllGather(send.data(), count, DType::kBF16, dr.data(), keep, true));
+  std::vector<uint16_t> dev(count);
+  ASSERT_OK(be->CopyToHost(dev.data(), dr.data(), count * 2));
+  EXPECT_EQ(dev, want);
+
+  std::vector<double> d(19);
+  for (size_t i = 0; i < d.size(); ++i) d[i] = 1.5 * static_cast<double>(i);
+  const std::vector<double> d0 = d;
+  ASSERT_OK(sc.AllReduceHost(d.data(), d.size(), DType::kF64, comm::ReduceOp::kSum));
+  EXPECT_EQ(d, d0);
+}
 
 }  // namespace
 }  // namespace strata

@@ -146,6 +146,50 @@ TEST(DataParallel, LaunchedAtWorldOneGivesThePlainLosses) {
   EXPECT_EQ(plain, launched);
 }
 
+// TrainOptions::partition_at_world_one: ZeRO stages 1-3 through the
+// partitioned path at one rank (over MPI here; the GPU test runs it over
+// NCCL): each slice is the whole unit, the collectives move it through
+// their staging, and the losses are the plain run's bit for bit — with the
+// optimizer state resident and offloaded to the host.
+TEST(DataParallel, PartitionedAtWorldOneGivesThePlainLosses) {
+  if (!comm::BuiltWithMpi()) GTEST_SKIP() << "built without MPI";
+  for (const char* where : {"none", "cpu"}) {
+    for (int stage : {1, 2, 3}) {
+      SCOPED_TRACE(std::string("stage ") + std::to_string(stage) + ", offload_optimizer " + where);
+      TrainOptions o = testing::TinyTrainer(2);
+      o.backend = "cpu";
+      o.cpu_threads = 1;
+      o.config.gradient_clipping = 1.0;
+      o.config.zero.stage = stage;
+      o.config.zero.offload_optimizer.device = where;
+      auto losses = [](const TrainOptions& opt, std::string* plan) {
+        std::ostringstream log;
+        std::vector<double> l;
+        auto t = Trainer::Create(opt, log);
+        EXPECT_OK(t.status());
+        if (!t.ok()) return l;
+        *plan = (*t)->PlanTable();
+        for (int i = 0; i < 3; ++i) {
+          auto r = (*t)->Step();
+          EXPECT_OK(r.status());
+          if (r.ok()) l.push_back(r->loss);
+        }
+        return l;
+      };
+      std::string plain_plan, partitioned_plan;
+      const std::vector<double> plain = losses(o, &plain_plan);
+      o.launched = true;
+      o.partition_at_world_one = true;
+      const std::vector<double> partitioned = losses(o, &partitioned_plan);
+      EXPECT_THAT(plain_plan, ::testing::Not(HasSubstr("zero stage")));
+      EXPECT_THAT(partitioned_plan, HasSubstr("zero stage " + std::to_string(stage) + " across 1 ranks"));
+      if (stage == 3) EXPECT_THAT(partitioned_plan, HasSubstr("gathered at each use"));
+      ASSERT_EQ(plain.size(), 3u);
+      EXPECT_EQ(plain, partitioned);
+    }
+  }
+}
+
 // The GPU a rank takes: LOCAL_RANK's among all, or the one a per-rank
 // CUDA_VISIBLE_DEVICES leaves.
 TEST(DataParallel, RankDeviceIsTheLocalRanks) {

@@ -26,6 +26,7 @@
 #include "comm/rank_env.h"
 #include "engine/data_parallel.h"
 #include "engine/signals.h"
+#include "engine/staged_collectives.h"
 #include "engine/trainer.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
@@ -185,6 +186,64 @@ void CompareWithOneRank(const std::string& schedule, double clip, Placement wher
   EXPECT_LE(MaxAbsDiff(one.c_fc, many.c_fc), kParamAbs);
   ExpectSameOnEveryRank(many.wte, "transformer.wte.weight");
   ExpectSameOnEveryRank(many.c_fc, "transformer.h.1.mlp.c_fc.weight");
+}
+
+// The collectives ZeRO's partitions run through (engine/staged_collectives.h),
+// with a staging buffer of 64 bytes: every call takes several rounds, the
+// last one short, and the unit (23 values) does not divide by the ranks.
+// The values are small integers, so every sum is exact.
+TEST(DataParallelRanks, StagedCollectivesInRoundsAreTheWholeCollectives) {
+  ASSERT_OK_AND_ASSIGN(auto c, comm::CreateMpiCommunicator(comm::CommOptions{}));
+  const size_t W = static_cast<size_t>(c->world_size()), r = static_cast<size_t>(c->rank());
+  ASSERT_GE(W, 2u);
+  EXPECT_THAT(StagedCollectives::Create(c.get(), nullptr, 8 * W).status(), StatusIs(StatusCode::kInvalidArgument));
+  ASSERT_OK_AND_ASSIGN(StagedCollectives sc, StagedCollectives::Create(c.get(), nullptr, 64));
+
+  // The gradient's reduce-scatter: this rank's range summed, the rest its own.
+  const size_t n = 23, pad = (n + W - 1) / W;
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) g[i] = static_cast<float>((r + 1) * 1000 + i);
+  ASSERT_OK(sc.ReduceScatterFlat(g.data(), static_cast<int64_t>(n), static_cast<int64_t>(pad)));
+  for (size_t i = 0; i < n; ++i) {
+    const bool mine = i >= r * pad && i < (r + 1) * pad;
+    const double want = mine ? 1000.0 * W * (W + 1) / 2 + static_cast<double>(W * i) : (r + 1) * 1000.0 + i;
+    EXPECT_EQ(g[i], want) << "element " << i << " of rank " << r << "'s gradient (" << (mine ? "" : "not ") << "its slice)";
+  }
+
+  // The gather: every rank's 11, the first W × 11 - 3 of them written, the rest untouched.
+  const size_t count = 11, keep = W * count - 3;
+  for (DType dt : {DType::kI32, DType::kBF16}) {
+    for (bool on_backend : {false, true}) {
+      SCOPED_TRACE(std::string(DTypeName(dt)) + (on_backend ? ", into backend memory" : ", into host memory"));
+      const size_t es = DTypeSize(dt);
+      std::vector<uint8_t> send(count * es), recv(W * count * es, 0xAB);
+      for (size_t j = 0; j < count; ++j) {
+        const uint32_t x = static_cast<uint32_t>(r * 100 + j);  // (its low bytes for a 2-byte dtype)
+        std::memcpy(&send[j * es], &x, es);
+      }
+      ASSERT_OK(sc.AllGather(send.data(), count, dt, recv.data(), keep, on_backend));
+      for (size_t q = 0; q < W; ++q)
+        for (size_t j = 0; j < count; ++j) {
+          const size_t at = q * count + j;
+          uint32_t got = 0, want = at < keep ? static_cast<uint32_t>(q * 100 + j) : 0xABABABABu;
+          std::memcpy(&got, &recv[at * es], es);
+          if (es == 2) want &= 0xFFFF;
+          EXPECT_EQ(got, want) << "element " << j << " of rank " << q << "'s piece";
+        }
+    }
+  }
+  EXPECT_THAT(sc.AllGather(nullptr, count, DType::kI32, nullptr, W * count + 1, false),
+              StatusIs(StatusCode::kInvalidArgument));
+
+  // The host reductions, over more than a round.
+  std::vector<double> d(17);
+  for (size_t i = 0; i < d.size(); ++i) d[i] = static_cast<double>(r) + 0.5 * static_cast<double>(i);
+  ASSERT_OK(sc.AllReduceHost(d.data(), d.size(), DType::kF64, comm::ReduceOp::kSum));
+  for (size_t i = 0; i < d.size(); ++i) EXPECT_EQ(d[i], W * (W - 1) / 2.0 + 0.5 * static_cast<double>(W * i)) << i;
+  std::vector<int32_t> m(9);
+  for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<int32_t>(r * 10 + i);
+  ASSERT_OK(sc.AllReduceHost(m.data(), m.size(), DType::kI32, comm::ReduceOp::kMax));
+  for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i], static_cast<int32_t>((W - 1) * 10 + i)) << i;
 }
 
 TEST(DataParallelRanks, ClippedLayerMajorGivesTheLossesOfOneRank) { CompareWithOneRank("layer-major", 1.0); }
