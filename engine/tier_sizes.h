@@ -20,12 +20,14 @@
 //          largest buffer io_uring registers) and one largest host tensor
 //          more per slab for their unusable ends, else one slab. A plan that
 //          puts nothing in host memory gets 64 MiB, unpinned: nothing there
-//          to pin. With NVMe the host tier may grow to the whole budget:
-//          what the plan leaves is room for the write-behind, whose copies
-//          then drain during the next step's forward, when the disk serves
-//          no reads, instead of taking turns with the backward's read-ahead
-//          (on the H200's virtio disk gpt-1.3b-nvme's steps took 16.3 s
-//          with the plan's 4.4 GiB against 13.6 s with the 8 GiB budget).
+//          to pin. With NVMe the host tier may grow to the whole budget,
+//          as it did before the tiers were sized to their plans: what the
+//          plan leaves is room for the write-behind, whose copies can then
+//          trail into the next step's forward instead of holding back the
+//          backward's read-ahead for host memory. (Measured on the H200's
+//          virtio disk, docs/measurements.md: gpt-1.3b-nvme took 16.3 s
+//          steps with the plan's 4.4 GiB, 12.7-14.5 s with the budget, a
+//          difference the disk's own drift between runs also reaches.)
 //
 // Thread-safety: free functions.
 #pragma once
