@@ -36,6 +36,8 @@
 //                     pipeline overlaps its reads and writes), target step
 //                     time <= 1.10 x bound; beside it, labelled, the old
 //                     bound with reads then writes, their sum (<= 1.15 x).
+//                     The swap files carry block checksums as a run's do
+//                     (crc32c); --nvme-checksum none measures without them.
 //
 // Every workload trains with gradient_clipping 1.0 unless --clip says
 // otherwise (--clip 0: no clipping, so the offloaded optimizer state is
@@ -68,10 +70,12 @@
 #include <sstream>
 
 #include "base/bytes.h"
+#include "bench/args.h"
 #include "bench/offload_bound.h"
 #include "bench/peers.h"
 #include "bench/raw_io.h"
 #include "engine/trainer.h"
+#include "tiers/nvme/checksum.h"
 
 namespace strata::bench {
 
@@ -296,13 +300,19 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   t.host_memory_limit = bytes(o.host_limit.empty() ? spec->host_limit : o.host_limit);
   c.zero.offload_optimizer.device = spec->optimizer_device;
   c.zero.offload_optimizer.ratio = o.optimizer_ratio;
+  const bool nvme = std::string(spec->optimizer_device) == "nvme";
+  if (!o.nvme_checksum.empty() && !nvme)
+    RefuseArgument("--nvme-checksum applies to a workload with NVMe (" + o.workload + " has none)");
+  if (!o.nvme_checksum.empty() && !ParseChecksumKind(o.nvme_checksum))
+    RefuseArgument("--nvme-checksum " + o.nvme_checksum + ": not crc32c, xxh64 or none");
   std::optional<BenchDir> dir;
-  if (std::string(spec->optimizer_device) == "nvme") {
+  if (nvme) {
     dir.emplace(BENCH_VALUE(BenchDir::Make(o.common.dir)));
     c.zero.offload_optimizer.nvme_path = dir->path();
     c.zero.offload_optimizer.pipeline_read = c.zero.offload_optimizer.pipeline_write = true;
     c.aio.queue_depth = 32;
     c.aio.intra_op_parallelism = 2;
+    if (!o.nvme_checksum.empty()) c.trainer.nvme_checksum = o.nvme_checksum;
   }
 
   Report rep("train " + o.workload);
@@ -310,7 +320,8 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
             << c.model.n_embd << " (" << c.model.arch << "), seq " << c.model.seq_len << ", micro-batch " << c.micro_batch << " x "
             << c.grad_accum << ", bf16" << (c.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
             << (o.optimizer_ratio < 1 ? ", offload_optimizer.ratio " + Fixed(o.optimizer_ratio) : std::string())
-            << ", gradient_clipping " << o.clip << "\n";
+            << ", gradient_clipping " << o.clip
+            << (dir ? ", nvme_checksum " + c.trainer.nvme_checksum : std::string()) << "\n";
 
   // Baselines measured in this run.
   std::optional<Run> resident;

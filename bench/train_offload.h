@@ -21,6 +21,7 @@ struct OffloadBenchOptions {
   int64_t layers = 0, d = 0, heads = 0, seq = 0, batch = 0, vocab = 0, accum = 0;
   double optimizer_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
   double clip = 1.0;             // gradient_clipping (0: none; the optimizer update then runs during the backward)
+  std::string nvme_checksum;     // trainer.nvme_checksum (empty: the config's default, crc32c)
   bool peers = false;            // --peers: the PyTorch and DeepSpeed peers on the same shape after (bench/peers.h)
   std::string peer_list;         // --peer-list (empty: the script's default)
 };
