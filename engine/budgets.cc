@@ -7,6 +7,8 @@
 #include "base/device.h"
 #include "base/host_memory.h"
 #include "engine/model_config.h"
+#include "engine/data_parallel.h"
+#include "engine/param_gather.h"
 #include "models/model_program.h"
 #include "tiers/tier_store.h"
 
@@ -98,10 +100,27 @@ Result<PlanInputs> PlanInputsFor(const Config& cfg, const kernels::Backend& back
   return MakePlanInputs(cfg, spec, dtype, block, head, budgets, speculative_state);
 }
 
+uint64_t RanksDeviceBytes(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
+  if (backend.kind() != kernels::BackendKind::kCuda || !TakesRanksPath(o)) return 0;
+  uint64_t bytes = DataParallel::StageBytes(o.config);
+  if (PartitionsRanksState(o) && o.config.zero.stage >= 3) bytes += ParamGather::DeviceBytes(spec, ComputeDType(o.config));
+  return bytes;
+}
+
 Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
   const Config& cfg = o.config;
   RunPlan r;
   ASSIGN_OR_RETURN(r.budgets, MeasureBudgets(o, backend));
+  if (const uint64_t ranks = RanksDeviceBytes(o, backend, spec)) {
+    if (ranks >= r.budgets.gpu)
+      return OutOfMemory(TierKind::kGpu, r.budgets.gpu_overhead + ranks, r.budgets.gpu_overhead + r.budgets.gpu,
+                         "the ranks' collectives need " + FormatBytes(ranks) +
+                             " of device memory beside the tiers (staging, and at ZeRO stage 3 the gathered "
+                             "parameters), more than the GPU budget leaves");
+    r.budgets.gpu -= ranks;
+    r.budgets.gpu_overhead += ranks;
+    r.budgets.ranks_device = ranks;
+  }
   ASSIGN_OR_RETURN(r.inputs, PlanInputsFor(cfg, backend, spec, r.budgets, WantsSpeculativeState(cfg, o)));
   ASSIGN_OR_RETURN(r.plan, MakePlan(r.inputs));
   r.mode = UpdateModeFor(cfg, r.plan, spec.num_units(), o, r.budgets.host);

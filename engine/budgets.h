@@ -33,6 +33,7 @@ namespace strata {
 struct Budgets {
   uint64_t gpu = 0, host = 0;  // of the tiers
   uint64_t gpu_overhead = 0;   // device memory outside the GPU tier, inside the limit
+  uint64_t ranks_device = 0;   // of it, the ranks' collectives' (below)
 };
 
 // OutOfMemory naming --gpu-memory-limit when the limit is below what the
@@ -56,6 +57,15 @@ struct RunPlan {
 };
 
 Result<RunPlan> PlanRun(const TrainOptions& options, const kernels::Backend& backend, const models::ModelSpec& spec);
+
+// The device memory a run on the ranks' path takes on the CUDA backend
+// beside the tiers, which PlanRun takes off the GPU tier's budget: the
+// collectives' staging buffer (DataParallel::StageBytes), and at ZeRO
+// stage 3 partitioned the gathered parameters' buffers
+// (engine/param_gather.h). 0 on one plain rank and on the CPU backend
+// (whose staging is host memory beside the tiers' budgets).
+uint64_t RanksDeviceBytes(const TrainOptions& options, const kernels::Backend& backend,
+                          const models::ModelSpec& spec);
 
 // What `zero_optimization.stage` means for this run's plan, for the plan's
 // header line: on one rank every stage places alike (stages 1-3 partition

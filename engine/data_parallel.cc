@@ -72,9 +72,13 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::C
     return InvalidArgument("the NCCL communicator needs the CUDA backend whose memory and stream it uses");
   std::unique_ptr<DataParallel> dp(new DataParallel(std::move(comm)));
   if (device_memory) dp->backend_ = backend;
-  ASSIGN_OR_RETURN(StagedCollectives staged, StagedCollectives::Create(dp->comm_.get(), dp->backend_));
+  ASSIGN_OR_RETURN(StagedCollectives staged, StagedCollectives::Create(dp->comm_.get(), dp->backend_, StageBytes(c)));
   dp->staged_.emplace(std::move(staged));
   return dp;
+}
+
+size_t DataParallel::StageBytes(const Config& c) {
+  return c.zero.stage >= 1 ? StagedCollectives::kStageBytes : size_t{1} << 20;
 }
 
 Status DataParallel::ReduceScalar(void* v, DType dtype, comm::ReduceOp op) {

@@ -91,6 +91,10 @@ class DataParallel {
   // (CPU) or NCCL (CUDA), or when the rendezvous does not complete.
   static Result<std::unique_ptr<DataParallel>> Create(const Config& c, kernels::Backend* backend, int device,
                                                       double timeout_s);
+  // The collectives' staging buffer (engine/staged_collectives.h): the
+  // whole one at ZeRO stage >= 1, 1 MiB at stage 0 (its scalars and
+  // gradient statistics only; the gradients' all-reduce runs in place).
+  static size_t StageBytes(const Config& c);
   // For tests and embedders: over a given communicator. A communicator of
   // device memory (NCCL) needs the `backend` whose memory and stream it
   // uses; MPI's takes none.

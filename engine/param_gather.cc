@@ -1,9 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "engine/param_gather.h"
 
-#include <cstring>
+#include <algorithm>
+#include <string>
 
 namespace strata {
+
+uint64_t ParamGather::DeviceBytes(const models::ModelSpec& spec, DType dtype) {
+  int64_t largest = 0;
+  for (const auto& u : spec.units) largest = std::max(largest, u.numel);
+  return kMaxBuffers * static_cast<uint64_t>(largest) * DTypeSize(dtype);
+}
 
 ParamGather::ParamGather(ModelState* state, kernels::Backend* backend, GatherFn gather)
     : state_(state), backend_(backend), gather_(std::move(gather)) {
@@ -24,6 +31,13 @@ Result<void*> ParamGather::Acquire(size_t u) {
     if (b.holders == 0 && (!free || (b.unit < 0 && free->unit >= 0) ||
                            ((b.unit < 0) == (free->unit < 0) && b.last_use < free->last_use)))
       free = &b;
+  }
+  if (!free && buffers_.size() >= kMaxBuffers) {
+    std::string held;
+    for (const Buffer& b : buffers_) held += (held.empty() ? "" : ", ") + state_->shard(static_cast<size_t>(b.unit)).name;
+    return Internal("ParamGather: " + state_->shard(u).name + "'s parameters asked for while " + held +
+                    " are held: the passes hold more than the " + std::to_string(kMaxBuffers) +
+                    " gathered units the plan counts (ZeRO stage 3)");
   }
   if (!free) {
     ASSIGN_OR_RETURN(kernels::DeviceBuffer mem, backend_->Allocate(buffer_bytes_));

@@ -12,8 +12,12 @@
 // to its backward, the head's tied embedding) is not gathered twice.
 //
 // Buffers are made as the passes need them (each of the largest unit's
-// size), and then kept: their number is the most units the passes hold at
-// once plus the cached ones (a few). No prefetch ahead: each gather waits
+// size), and then kept, at most kMaxBuffers: a block's passes hold one
+// unit, the head two (the final unit and the tied embedding), and a
+// released buffer is reused before another is made. The plan counts them
+// as device memory outside the tiers (engine/budgets.h); a pass that held
+// more at once is an Internal error naming the units, not an allocation
+// past the GPU limit. No prefetch ahead: each gather waits
 // for its result on the step thread (engine/staged_collectives.h), so an
 // early gather would move the same bytes at the same cost without
 // overlapping anything.
@@ -28,14 +32,20 @@
 #include <cstdint>
 #include <vector>
 
+#include "base/dtype.h"
 #include "base/status.h"
 #include "engine/model_state.h"
 #include "kernels/backend.h"
+#include "models/model_spec.h"
 
 namespace strata {
 
 class ParamGather {
  public:
+  static constexpr size_t kMaxBuffers = 2;
+  // The device memory of kMaxBuffers buffers for `spec`'s units in `dtype`.
+  static uint64_t DeviceBytes(const models::ModelSpec& spec, DType dtype);
+
   ParamGather(ModelState* state, kernels::Backend* backend, GatherFn gather);
 
   // Unit u's whole parameters (the backend's memory), gathered from the

@@ -74,4 +74,13 @@ struct TrainOptions {
 // The steps a run trains: --steps, else the config's trainer.steps.
 inline int64_t TotalSteps(const TrainOptions& o) { return o.steps >= 0 ? o.steps : o.config.trainer.steps; }
 
+// Whether the run takes the ranks' path (engine/data_parallel.h): several
+// ranks, or one started by a launcher.
+inline bool TakesRanksPath(const TrainOptions& o) { return o.config.world_size != 1 || o.launched; }
+// Whether its state is partitioned (ZeRO stage >= 1 over several ranks, or
+// at world size 1 with partition_at_world_one; engine/model_state.h).
+inline bool PartitionsRanksState(const TrainOptions& o) {
+  return TakesRanksPath(o) && o.config.zero.stage >= 1 && (o.config.world_size > 1 || o.partition_at_world_one);
+}
+
 }  // namespace strata

@@ -45,13 +45,10 @@ Result<std::unique_ptr<kernels::Backend>> MakeBackend(const TrainOptions& o, int
   return kernels::MakeCpuBackend(o.cpu_threads);
 }
 
-// Whether the run takes the ranks' path (engine/data_parallel.h).
-bool Ranks(const TrainOptions& o) { return o.config.world_size != 1 || o.launched; }
-
 // The rank's GPU (LOCAL_RANK's, engine/data_parallel.h RankDevice), 0 for
 // one process of its own or without a GPU; and its share of the machine.
 Result<int> RankShare(TrainOptions* o) {
-  if (!Ranks(*o)) return 0;
+  if (!TakesRanksPath(*o)) return 0;
   ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
   ShareTheMachine(env, o);
   if (o->backend == "cpu") return 0;
@@ -119,7 +116,7 @@ Status Trainer::Impl::Setup() {
   shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major"};
   ASSIGN_OR_RETURN(const int device, RankShare(&opt));  // several ranks: this one's share of the machine first
   ASSIGN_OR_RETURN(backend, MakeBackend(opt, device));
-  if (Ranks(opt)) {
+  if (TakesRanksPath(opt)) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s));
     if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
   }
@@ -338,6 +335,10 @@ Result<std::string> Trainer::DryRun(const TrainOptions& given) {
      << " sequences per step\n";
   os << run.plan.Table(run.budgets.gpu, run.budgets.host);
   os << tiers.what;
+  if (run.budgets.ranks_device)
+    os << "gpu: " << FormatBytes(run.budgets.ranks_device) << " beside the tiers for the ranks' collectives (staging"
+       << (PartitionsRanksState(options) && cfg.zero.stage >= 3 ? " and the gathered parameters of ZeRO stage 3" : "")
+       << ")\n";
   os << "optimizer update: " << run.mode.why << "\n";
   return os.str();
 }

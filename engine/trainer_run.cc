@@ -54,7 +54,12 @@ Status Trainer::Run(std::ostream& given) {
   out << "plan:\n" << table;
   if (I.run.budgets.gpu_overhead)
     out << "gpu: the tier's budget is the limit less " << FormatBytes(I.run.budgets.gpu_overhead)
-        << " held outside it (CUDA context, cuBLASLt, a margin)\n";
+        << " held outside it (CUDA context, cuBLASLt, a margin"
+        << (I.run.budgets.ranks_device ? ", " + FormatBytes(I.run.budgets.ranks_device) +
+                                             " for the ranks' collectives: staging" +
+                                             (I.param_gather ? " and the gathered parameters" : "")
+                                       : std::string())
+        << ")\n";
   out.flush();
   RunLog::Options lo;
   lo.first_step = I.step;

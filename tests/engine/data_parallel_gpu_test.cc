@@ -9,6 +9,7 @@
 // Skips without a GPU or NCCL.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <sstream>
 #include <string>
@@ -16,6 +17,7 @@
 
 #include "base/bytes.h"
 #include "comm/nccl_communicator.h"
+#include "engine/model_config.h"
 #include "engine/staged_collectives.h"
 #include "engine/trainer.h"
 #include "kernels/backend.h"
@@ -123,6 +125,16 @@ TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
       auto t = Trainer::Create(o, log);
       ASSERT_OK(t.status());
       EXPECT_THAT((*t)->PlanTable(), HasSubstr("zero stage " + std::to_string(stage) + " across 1 ranks"));
+      // The plan took the collectives' device memory off the GPU tier: the
+      // staging, and at stage 3 two of the largest unit's parameters.
+      ASSERT_OK_AND_ASSIGN(const std::string dry, Trainer::DryRun(o));
+      ASSERT_OK_AND_ASSIGN(const models::ModelSpec spec, ModelSpecFor(o.config));
+      int64_t largest = 0;
+      for (const auto& u : spec.units) largest = std::max(largest, u.numel);
+      const uint64_t gathered = stage == 3 ? 2 * static_cast<uint64_t>(largest) * DTypeSize(ComputeDType(o.config)) : 0;
+      EXPECT_THAT(dry, HasSubstr("gpu: " + FormatBytes((32ull << 20) + gathered) +
+                                 " beside the tiers for the ranks' collectives (staging" +
+                                 (stage == 3 ? " and the gathered parameters" : ")")));
       for (size_t i = 0; i < plain.size(); ++i) {
         ASSERT_OK_AND_ASSIGN(StepReport r, (*t)->Step());
         EXPECT_EQ(r.loss, plain[i]) << "step " << i + 1;

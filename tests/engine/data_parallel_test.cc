@@ -183,7 +183,9 @@ TEST(DataParallel, PartitionedAtWorldOneGivesThePlainLosses) {
       const std::vector<double> partitioned = losses(o, &partitioned_plan);
       EXPECT_THAT(plain_plan, ::testing::Not(HasSubstr("zero stage")));
       EXPECT_THAT(partitioned_plan, HasSubstr("zero stage " + std::to_string(stage) + " across 1 ranks"));
-      if (stage == 3) EXPECT_THAT(partitioned_plan, HasSubstr("gathered at each use"));
+      if (stage == 3) {
+        EXPECT_THAT(partitioned_plan, HasSubstr("gathered at each use"));
+      }
       ASSERT_EQ(plain.size(), 3u);
       EXPECT_EQ(plain, partitioned);
     }
