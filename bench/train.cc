@@ -325,7 +325,7 @@ bool vm_warmup_given(int argc, char** argv) { return Given(argc, argv, "--warmup
 int RunTrain(int argc, char** argv) {
   TrainOptions o;
   bool no_profile = false;
-  std::string workload, gpu_limit, host_limit, nvme_checksum;
+  std::string workload, gpu_limit, host_limit, nvme_checksum, trace;
   int64_t accum = 0;
   double ratio = 1.0, clip = 1.0;
   po::options_description desc("strata-bench train: training-step throughput");
@@ -342,6 +342,8 @@ int RunTrain(int argc, char** argv) {
       "--workload: gradient_clipping (0: none, and then the optimizer update runs during the backward)")(
       "nvme-checksum", po::value(&nvme_checksum)->value_name("KIND"),
       "--workload with NVMe: trainer.nvme_checksum, crc32c (the default), xxh64 or none")(
+      "trace", po::value(&trace)->value_name("FILE"),
+      "--workload: the offloaded run's timeline as Chrome trace-event JSON (open it in ui.perfetto.dev)")(
       "backend", po::value(&o.backend)->default_value("cuda"), "cuda, or cpu (a smoke test)")(
       "layers", po::value(&o.layers), "transformer blocks (default 24)")(
       "d", po::value(&o.d), "model width (default 2048)")(
@@ -386,7 +388,8 @@ int RunTrain(int argc, char** argv) {
   if (o.peers && Given(argc, argv, "--peer-list")) CheckPeerList(o.peer_list);
   if (workload.empty())
     for (const char* f :
-         {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--clip", "--nvme-checksum"})
+         {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--clip", "--nvme-checksum",
+          "--trace"})
       if (Given(argc, argv, f)) RefuseArgument(std::string(f) + " applies to --workload runs only");
   if (!workload.empty()) {
     OffloadBenchOptions w;
@@ -402,6 +405,7 @@ int RunTrain(int argc, char** argv) {
     w.optimizer_ratio = ratio;
     w.clip = clip;
     w.nvme_checksum = nvme_checksum;
+    w.trace = trace;
     w.peers = o.peers;
     w.peer_list = o.peer_list;
     return RunOffloadWorkload(w);

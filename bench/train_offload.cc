@@ -62,7 +62,9 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <optional>
 #include <filesystem>
@@ -144,6 +146,8 @@ Result<Run> Train(const TrainOptions& t, int warmup, int steps) {
     if (i >= warmup) run.steps.push_back(r);
   }
   run.info = trainer->Info();
+  RETURN_IF_ERROR(trainer->FinishTrace());
+  if (!t.trace_path.empty()) std::cerr << "trace: " << t.trace_path << " (open it in ui.perfetto.dev)\n";
   StepReport& m = run.median;
   m.seconds = MedianOf(run.steps, &StepReport::seconds);
   m.forward_s = MedianOf(run.steps, &StepReport::forward_s);
@@ -293,6 +297,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   c.scheduler.params = {{"warmup_num_steps", 500}, {"warmup_type", "linear"}};
   t.default_data = std::string(STRATA_DATA_DIR) + "/kjv.txt";
   t.backend = o.backend;
+  t.trace_path = o.trace;
   auto bytes = [](const std::string& text) -> uint64_t {
     return text.empty() ? 0 : BENCH_VALUE(ParseBytes(text));
   };
@@ -301,6 +306,11 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   c.zero.offload_optimizer.device = spec->optimizer_device;
   c.zero.offload_optimizer.ratio = o.optimizer_ratio;
   const bool nvme = std::string(spec->optimizer_device) == "nvme";
+  if (!o.trace.empty()) {  // (before any baseline runs: the file must be writable)
+    std::FILE* f = std::fopen(o.trace.c_str(), "a");
+    if (!f) RefuseArgument("--trace " + o.trace + ": " + std::strerror(errno));
+    std::fclose(f);
+  }
   if (!o.nvme_checksum.empty() && !nvme)
     RefuseArgument("--nvme-checksum applies to a workload with NVMe (" + o.workload + " has none)");
   if (!o.nvme_checksum.empty() && !ParseChecksumKind(o.nvme_checksum))
@@ -331,6 +341,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
     r.gpu_memory_limit = 0;
     r.config.zero.offload_optimizer.device = "none";
     r.config.zero.offload_optimizer.ratio = 1.0;
+    r.trace_path.clear();  // (the trace is the offloaded run's)
     std::cerr << "baseline: the same model all-resident\n";
     resident = BENCH_VALUE(Train(r, o.warmup, o.steps));
   }

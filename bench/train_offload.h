@@ -22,6 +22,7 @@ struct OffloadBenchOptions {
   double optimizer_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
   double clip = 1.0;             // gradient_clipping (0: none; the optimizer update then runs during the backward)
   std::string nvme_checksum;     // trainer.nvme_checksum (empty: the config's default, crc32c)
+  std::string trace;             // --trace FILE: the timed run's timeline (base/trace.h)
   bool peers = false;            // --peers: the PyTorch and DeepSpeed peers on the same shape after (bench/peers.h)
   std::string peer_list;         // --peer-list (empty: the script's default)
 };

@@ -4,7 +4,7 @@
 //   strata train [--config FILE] [--data PATH] [--steps N] [--save DIR] [--save-every N]
 //                [--resume DIR] [--allow-config-change] [--init-from FILE]
 //                [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
-//                [--dry-run] [--log-json FILE] [--backend auto|cpu|cuda] [--threads N]
+//                [--dry-run] [--log-json FILE] [--trace FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
 //                [--num-gpus N | --backend cpu --num-ranks N] [--hostfile FILE]
 //                [--master-addr ADDR] [--master-port PORT] [--launcher-args ARGS]
@@ -117,7 +117,7 @@ std::string VersionText() {
 
 // The values of `strata train`'s flags.
 struct TrainFlags {
-  std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, backend = "auto";
+  std::string config_path, data, save, resume, init_from, gpu_limit, host_limit, log_json, trace, backend = "auto";
   int64_t steps = -1, save_every = 0;
   int threads = 0;
   strata::LaunchFlags launch;  // several ranks (engine/launcher.h)
@@ -158,6 +158,9 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "with gradient clipping, update after the backward instead of during it on speculation that the norm is "
       "within the threshold (same bits; saves the second master/m/v's host memory)")(
       "log-json", po::value(&f->log_json)->value_name("FILE"), "also append one JSON line per logged step to FILE")(
+      "trace", po::value(&f->trace)->value_name("FILE"),
+      "write a timeline of the run to FILE when it ends (Chrome trace-event JSON: the step's passes, each shard's "
+      "update, each move between tiers, each wait; open it in ui.perfetto.dev); several ranks: FILE-rankN")(
       "backend", po::value(&f->backend)->value_name("NAME"), "auto, cpu or cuda")(
       "threads", po::value(&f->threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)")(
       "num-gpus", po::value(&f->launch.num_gpus)->value_name("N"),
@@ -252,6 +255,7 @@ strata::Status CheckTrainFlags(const TrainFlags& f) {
   if (f.Given("init-from"))
     RETURN_IF_ERROR(CheckPathFlag("--init-from", f.init_from, std::filesystem::is_directory(f.init_from), true));
   if (f.Given("log-json")) RETURN_IF_ERROR(CheckPathFlag("--log-json", f.log_json, false, false));
+  if (f.Given("trace")) RETURN_IF_ERROR(CheckPathFlag("--trace", f.trace, false, false));
   if (f.Given("save")) RETURN_IF_ERROR(CheckPathFlag("--save", f.save, true, false));
   if (f.Given("resume")) RETURN_IF_ERROR(CheckPathFlag("--resume", f.resume, true, true));
   return strata::Status::OK();
@@ -305,6 +309,7 @@ strata::Result<strata::TrainOptions> TrainOptionsFrom(const TrainFlags& f) {
   o.resume_dir = f.resume;
   o.init_from = f.init_from;
   o.log_json = f.log_json;
+  o.trace_path = f.trace;
   o.backend = f.backend;
   o.cpu_threads = f.threads;
   o.optimizer_after_backward = f.after_backward;

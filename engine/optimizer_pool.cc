@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "base/clock.h"
+#include "base/trace.h"
 
 namespace strata {
 
@@ -253,6 +254,7 @@ Status OptimizerPool::NonFiniteError(int64_t job_step, const std::string& what) 
 // ---- the workers -------------------------------------------------------------------
 
 void OptimizerPool::Loop(bool gpu_worker) {
+  trace::NameThread(gpu_worker ? "optimizer (gpu-assisted)" : "optimizer (cpu)");
   int64_t seen = 0;
   for (;;) {
     OptJob j;
@@ -323,6 +325,9 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
   const std::string what = "optimizer step of " + sh.name + updater->what();
   // Each update's upload is the shard's newest, kept once the update is done.
   auto update = [&]() -> Status {
+    trace::Span span("optimizer", [&] {
+      return std::string(how.speculative ? "speculative update of " : "update of ") + sh.name + updater->what();
+    });
     Result<CopyTicket> r = updater->Update(s, j, how, Upload(s));
     if (!r.ok()) return r.status().WithContext(what);
     if (r->valid()) {

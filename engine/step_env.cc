@@ -2,6 +2,7 @@
 #include "engine/step_env.h"
 
 #include "base/clock.h"
+#include "base/trace.h"
 #include "models/passes.h"
 
 namespace strata {
@@ -64,13 +65,23 @@ Result<void*> StepEnv::Acquire(const PassTensor& t, Access access) {
     if (!computes()) return static_cast<void*>(nullptr);  // (not the store's: nothing to schedule)
     const double t0 = NowSeconds();
     Result<void*> r = hooks_.acquire_params(static_cast<size_t>(t.unit));
-    wait_s_ += NowSeconds() - t0;
+    const double t1 = NowSeconds();
+    wait_s_ += t1 - t0;
+    if (trace::On() && t1 - t0 > kTracedWait) trace::Complete("wait", "gather of " + NameOf(t), t0, t1);
     return r;
   }
   const double t0 = NowSeconds();
   Result<void*> r = access_->Acquire(IdOf(t), access);
-  wait_s_ += NowSeconds() - t0;
+  const double t1 = NowSeconds();
+  wait_s_ += t1 - t0;
+  // The trace keeps the waits that held the step up (not every cached hit).
+  if (trace::On() && t1 - t0 > kTracedWait) trace::Complete("wait", "wait for " + NameOf(t), t0, t1);
   return r;
+}
+
+std::string StepEnv::NameOf(const PassTensor& t) const {
+  if (t.role == PassTensor::kParams) return state_->shard(static_cast<size_t>(t.unit)).name + "'s parameters";
+  return "the checkpoint of layer " + std::to_string(t.layer) + ", micro-batch " + std::to_string(t.micro);
 }
 
 Status StepEnv::Release(const PassTensor& t, bool dirty) {

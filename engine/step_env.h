@@ -131,6 +131,9 @@ class StepEnv final : public models::PassEnv {
 
  private:
   TensorId IdOf(const models::PassTensor& t) const;
+  // For the trace (base/trace.h): what `t` is, and the shortest wait it keeps.
+  std::string NameOf(const models::PassTensor& t) const;
+  static constexpr double kTracedWait = 50e-6;
   bool accumulates_across() const { return !shape_.layer_major && shape_.micro_batches > 1; }
   bool f32() const { return state_->layout().grad_dtype == DType::kF32; }
   // The fp32 scratch accumulator of unit u (grad dtype not fp32).

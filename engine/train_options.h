@@ -26,6 +26,10 @@ struct TrainOptions {
   uint64_t host_memory_limit = 0;      // 0: 80% of the available host memory
   std::string backend = "auto";        // auto | cpu | cuda
   std::string log_json;                // the JSON log (engine/run_log.h), appended to
+  // A Chrome trace-event timeline of the run (base/trace.h), written when
+  // Run ends (or FinishTrace); with several ranks each writes its own,
+  // TracePathOfRank's.
+  std::string trace_path;
   std::vector<std::string> argv;       // the command line, for the JSON log's "run" record
   bool progress = false;               // a progress line on a terminal
   int cpu_threads = 0;                 // CPU backend / CPU Adam threads (0: all)
@@ -73,6 +77,17 @@ struct TrainOptions {
 
 // The steps a run trains: --steps, else the config's trainer.steps.
 inline int64_t TotalSteps(const TrainOptions& o) { return o.steps >= 0 ? o.steps : o.config.trainer.steps; }
+
+// The trace file of rank `rank` of `world`: `path` itself at world size 1,
+// else with "-rank<r>" before its extension (run.json -> run-rank1.json).
+inline std::string TracePathOfRank(const std::string& path, int rank, int world) {
+  if (world <= 1) return path;
+  const size_t slash = path.find_last_of('/'), dot = path.find_last_of('.');
+  const size_t base = slash == std::string::npos ? 0 : slash + 1;  // (a dot-file's dot is no extension)
+  const bool ext = dot != std::string::npos && dot > base;
+  const std::string tag = "-rank" + std::to_string(rank);
+  return ext ? path.substr(0, dot) + tag + path.substr(dot) : path + tag;
+}
 
 // Whether the run takes the ranks' path (engine/data_parallel.h): several
 // ranks, or one started by a launcher.

@@ -298,11 +298,28 @@ const char* SpeculationName(Speculation s) {
 Trainer::Trainer() : impl_(std::make_unique<Impl>()) {}
 Trainer::~Trainer() = default;
 
+Status Trainer::FinishTrace() {
+  // The last step's update may still run (it overlaps the next forward): in the file too.
+  Status s = impl_->pool ? impl_->pool->WaitAll(impl_->step) : Status::OK();
+  Status w = impl_->trace.Finish();
+  return s.ok() ? w : s;
+}
+
 Result<std::unique_ptr<Trainer>> Trainer::Create(const TrainOptions& options, std::ostream& log) {
   std::unique_ptr<Trainer> t(new Trainer());
   t->impl_->owner = t.get();
   t->impl_->opt = options;
   t->impl_->log = &log;
+  if (!options.trace_path.empty()) {
+    // Before anything starts a thread, so that every thread's track is named.
+    int rank = 0;
+    if (TakesRanksPath(options)) {
+      ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
+      rank = env.rank;
+    }
+    const std::string path = TracePathOfRank(options.trace_path, rank, options.config.world_size);
+    ASSIGN_OR_RETURN(t->impl_->trace, trace::Recording::Begin(path));
+  }
   RETURN_IF_ERROR(t->impl_->Setup());
   return t;
 }

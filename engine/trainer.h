@@ -157,6 +157,10 @@ class Trainer {
   // program's to install) the step under way ends, a checkpoint is saved
   // with --save, and Run returns Cancelled saying where.
   Status Run(std::ostream& out);
+  // Writes the --trace file now, once the last step's update is done (Run
+  // does at its end; a caller of Step calls it, or the destructor writes
+  // it and prints its error).
+  Status FinishTrace();
 
   int64_t step() const;
   TrainerInfo Info() const;

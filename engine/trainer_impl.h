@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/trace.h"
 #include "engine/budgets.h"
 #include "engine/data.h"
 #include "engine/data_parallel.h"
@@ -40,6 +41,9 @@ namespace strata {
 
 struct Trainer::Impl {
   TrainOptions opt;
+  // --trace FILE (base/trace.h): destroyed after everything that records
+  // into it, so the threads' last events are in the file.
+  trace::Recording trace;
   // The --save directory, locked for the run (destroyed last: nothing else
   // writes there once it goes).
   std::optional<SaveDirLock> save_lock;

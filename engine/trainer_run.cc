@@ -84,6 +84,14 @@ Status Trainer::Run(std::ostream& given) {
   ASSIGN_OR_RETURN(RunLog log, RunLog::Open(&out, lo, std::move(header)));
   Status s = I.RunSteps(total, &log);
   log.Finish(s, I.last_saved);
+  const bool traced = I.trace.active();
+  if (Status tr = I.trace.Finish(); !tr.ok()) {
+    if (s.ok()) return tr;
+    *I.log << "strata: " << tr.ToString() << "\n";  // (the run's own error is the one returned)
+  } else if (traced) {
+    *I.log << "trace: " << TracePathOfRank(I.opt.trace_path, I.dp ? I.dp->rank() : 0, c.world_size)
+           << " (Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing)\n";
+  }
   return s;
 }
 

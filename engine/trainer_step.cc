@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "base/clock.h"
+#include "base/trace.h"
 #include "engine/model_config.h"
 #include "engine/trainer_impl.h"
 #include "optim/grad_clip.h"
@@ -236,6 +237,8 @@ void Trainer::Impl::ReportBytes(const OptimizerCopies::Snapshot& now, StepReport
 Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* targets) {
   RETURN_IF_ERROR(ReadyForStep());
   StepReport r;
+  trace::NameThread("step");
+  trace::Span whole("step", [&] { return "step " + std::to_string(step + 1); });
   const double t0 = NowSeconds();
   ASSIGN_OR_RETURN(int64_t valid, UploadInputs(tokens, targets));
   if (dp) {
@@ -254,12 +257,21 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   // micro-batch (layer-major), or one pass per micro-batch.
   double fwd_s = 0, f0 = t0;  // the first forward counts the step's input checks and copies
   StepHooks hooks;
+  double pass0 = t0;  // (the trace's: where the pass now running began)
   hooks.around_forward = [&](bool done) -> Status {
-    if (!done) return Status::OK();
+    if (!done) {
+      // A backward pass ended here (micro-batch-major), unless this is the first forward.
+      const double t = NowSeconds();
+      if (pass0 > t0) trace::Complete("step", "backward", pass0, t);
+      pass0 = t;
+      return Status::OK();
+    }
     if (cfg().wall_clock_breakdown) RETURN_IF_ERROR(backend->Synchronize());
     const double t = NowSeconds();
     fwd_s += t - f0;
     f0 = t;
+    trace::Complete("step", "forward", pass0, t);
+    pass0 = t;
     return Status::OK();
   };
   hooks.before_last_backward = [&]() -> Status {
@@ -278,6 +290,8 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   RETURN_IF_ERROR(RunStepPasses(*program, *env, shape, hooks));
   RETURN_IF_ERROR(FinishBackward());
   const double t2 = NowSeconds();
+  trace::Complete("step", "head and backward", pass0, t2);
+  trace::Span after("step", "after the backward (loss, norm, the update's verdict, gathers)");
   // The links' counters and the optimizer's own copies, read together; the
   // previous step's job is complete (the forward waited for all its shards).
   const OptimizerCopies::Snapshot moved = copies->Take(next - 1);

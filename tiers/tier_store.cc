@@ -19,6 +19,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -28,6 +29,7 @@
 #include "base/clock.h"
 #include "base/cuda_check.h"
 #include "base/thread_annotations.h"
+#include "base/trace.h"
 #include "tiers/gpu_event.h"
 
 namespace strata {
@@ -441,6 +443,9 @@ Status TierStore::Impl::LoadLocked(std::unique_lock<std::mutex>& lock, Tensor* t
   transfers_on[dst]++;
   if (mid >= 0) transfers_on[mid]++;
   const uint64_t bytes = t->bytes;
+  std::optional<trace::Span> span;  // (the name is built only when tracing)
+  if (trace::On())
+    span.emplace("move", t->name + " " + TierStr(src) + " to " + TierStr(dst) + (mid >= 0 ? " through the host" : ""));
   lock.unlock();
 
   LinkDelta delta;
@@ -457,6 +462,7 @@ Status TierStore::Impl::LoadLocked(std::unique_lock<std::mutex>& lock, Tensor* t
   } else {
     s = Hop(S, D, bytes, delta);
   }
+  span.reset();
 
   lock.lock();
   for (int l = 0; l < kNumLinks; ++l) {
@@ -821,6 +827,7 @@ void TierStore::Impl::Drain(std::unique_lock<std::mutex>& lock, Tensor* t) {
 }
 
 void TierStore::Impl::WorkerLoop() {
+  trace::NameThread("store mover");
 #if STRATA_WITH_CUDA
   if (gpu && !gpu->stand_in()) (void)cudaSetDevice(gpu->device());
 #endif

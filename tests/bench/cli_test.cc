@@ -162,6 +162,8 @@ TEST(BenchArgs, BadArgumentsAreNamed) {
       {{"train", "--workload", "gpt-1.3b-nvme", "--nvme-checksum", "md5"}, "--nvme-checksum md5: not crc32c"},
       {{"train", "--workload", "gpt-1.3b-offload", "--nvme-checksum", "none"}, "--nvme-checksum applies to a workload with NVMe"},
       {{"train", "--resident", "--nvme-checksum", "none"}, "--nvme-checksum applies to --workload runs only"},
+      {{"train", "--resident", "--trace", "t.json"}, "--trace applies to --workload runs only"},
+      {{"train", "--workload", "gpt-1.3b-nvme", "--trace", "/no/such/dir/t.json"}, "--trace /no/such/dir/t.json: No such file"},
       {{"all", "--accum", "100000"}, "--accum 100000"},
   };
   for (const Case& c : cases) {

@@ -64,6 +64,8 @@ TEST(Cli, InvalidValuesAreErrors) {
   ExpectUsageError(RunStrata({"train", "--threads", "100000"}), "--threads 100000: must be from 0 (all) to 4096");
   ExpectUsageError(RunStrata({"train", "--backend", "gpu"}), "--backend \"gpu\" is not allowed");
   ExpectUsageError(RunStrata({"train", "--config", ""}), "--config was given an empty path");
+  ExpectUsageError(RunStrata({"train", "--trace", ""}), "--trace was given an empty path");
+  ExpectUsageError(RunStrata({"train", "--trace", dir.path()}), "--trace");  // a directory, not a file
   ExpectUsageError(RunStrata({"train", "--steps", "many"}), "the argument ('many') for option '--steps' is invalid");
   ExpectUsageError(RunStrata({"train", "--allow-config-change"}), "--allow-config-change is for --resume");
 }
