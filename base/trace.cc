@@ -8,10 +8,12 @@
 #include <cstdio>
 #include <cstring>
 #include <map>
-#include <mutex>
 #include <vector>
 
 #include <nlohmann/json.hpp>
+
+#include "base/mutex.h"
+#include "base/thread_annotations.h"
 
 namespace strata::trace {
 
@@ -28,14 +30,14 @@ struct Event {
 };
 
 struct State {
-  std::mutex mu;
-  std::string path;
-  double t0 = 0;
-  std::vector<Event> events;
-  uint64_t dropped = 0;
-  uint32_t next_track = 1;
-  uint64_t generation = 0;  // a thread's track number is this recording's
-  std::map<uint32_t, std::string> names;
+  Mutex mu;
+  std::string path GUARDED_BY(mu);
+  double t0 GUARDED_BY(mu) = 0;
+  std::vector<Event> events GUARDED_BY(mu);
+  uint64_t dropped GUARDED_BY(mu) = 0;
+  uint32_t next_track GUARDED_BY(mu) = 1;
+  uint64_t generation GUARDED_BY(mu) = 0;  // a thread's track number is this recording's
+  std::map<uint32_t, std::string> names GUARDED_BY(mu);
 };
 
 State& R() {
@@ -46,7 +48,7 @@ State& R() {
 thread_local uint32_t tls_track = 0;
 thread_local uint64_t tls_generation = 0;
 
-uint32_t TrackLocked(State& r) {
+uint32_t TrackLocked(State& r) REQUIRES(r.mu) {
   if (tls_generation != r.generation || tls_track == 0) {
     tls_track = r.next_track++;
     tls_generation = r.generation;
@@ -98,7 +100,7 @@ Status WriteFile(const std::string& path, const std::string& tmp, double t0, con
 
 Status Start(const std::string& path) {
   State& r = R();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(&r.mu);
   if (internal::g_on.load()) return InvalidArgument("a trace is being recorded already (into " + r.path + ")");
   // Fail now, not after the run: the file must be creatable.
   std::FILE* f = std::fopen(path.c_str(), "a");
@@ -123,7 +125,7 @@ Status Stop() {
   double t0;
   uint64_t dropped;
   {
-    std::lock_guard<std::mutex> l(r.mu);
+    MutexLock l(&r.mu);
     if (!internal::g_on.load()) return Status::OK();
     internal::g_on.store(false);
     events.swap(r.events);
@@ -165,7 +167,7 @@ Recording& Recording::operator=(Recording&& o) noexcept {
 void Complete(std::string_view cat, std::string_view name, double begin_s, double end_s) {
   if (!On()) return;
   State& r = R();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(&r.mu);
   if (!internal::g_on.load(std::memory_order_relaxed)) return;  // stopped meanwhile
   if (r.events.size() >= kMaxEvents) {
     ++r.dropped;
@@ -177,7 +179,7 @@ void Complete(std::string_view cat, std::string_view name, double begin_s, doubl
 void NameThread(std::string_view name) {
   if (!On()) return;
   State& r = R();
-  std::lock_guard<std::mutex> l(r.mu);
+  MutexLock l(&r.mu);
   if (!internal::g_on.load(std::memory_order_relaxed)) return;
   r.names[TrackLocked(r)] = std::string(name);
 }

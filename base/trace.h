@@ -9,8 +9,8 @@
 //              the time in microseconds since Start on the steady clock
 //              (base/clock.h). Off, a span costs one relaxed atomic load.
 //   tracks     one per thread, numbered in the order threads first record;
-//              NameThread names the calling thread's ("optimizer (cpu)",
-//              "store mover 0", ...), written as thread_name metadata.
+//              NameThread names the calling thread's ("step", "optimizer
+//              (cpu)", "store mover", ...), written as thread_name metadata.
 //   memory     events are kept in memory until Stop writes them; past
 //              kMaxEvents (about 200 MB) further events are counted, not
 //              kept, and the file says how many were dropped.
