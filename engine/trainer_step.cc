@@ -262,7 +262,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
     if (!done) {
       // A backward pass ended here (micro-batch-major), unless this is the first forward.
       const double t = NowSeconds();
-      if (pass0 > t0) trace::Complete("step", "backward", pass0, t);
+      if (pass0 > t0) trace::Complete("step", "head and backward", pass0, t);
       pass0 = t;
       return Status::OK();
     }
