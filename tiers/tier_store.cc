@@ -566,9 +566,22 @@ Status TierStore::Impl::EnsureAllocated(std::unique_lock<std::mutex>& lock, Tens
   if (tier == kNvme) return Internal("nvme copies are allocated with the tensor");
   const uint64_t size = CopyBytes(*t, tier);
   std::unordered_set<Tensor*> skip;  // victims that failed to drop this time
+  // The trace's: how long the copy waited for room (evictions, write-backs,
+  // copies in flight), from the first refusal to the allocation.
+  struct RoomSpan {
+    double begin = -1;
+    std::string name;
+    ~RoomSpan() {
+      if (begin >= 0) trace::Complete("room", name, begin, NowSeconds());
+    }
+  } room;
   for (;;) {
     Result<TierBlock> r =
         Mem(tier)->Allocate(size, t->name, tier == t->home ? Placement::kLow : Placement::kHigh);
+    if (!r.ok() && room.begin < 0 && trace::On()) {
+      room.begin = NowSeconds();
+      room.name = "room for " + t->name + " on " + TierStr(tier);
+    }
     if (r.ok()) {
       c.block = std::move(r).value();
       if (tier == kHost && t->bytes < size)  // O_DIRECT writes whole pages: no stale bytes on disk

@@ -7,8 +7,11 @@
 #include "tiers/tier_store.h"
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
+#include "base/trace.h"
 #include "tests/test_util.h"
 
 namespace strata {
@@ -229,6 +232,26 @@ TEST_F(StoreFixture, LruEvictsTheLeastRecentlyUsedCopy) {
   EXPECT_TRUE(CopyOf(c, kGpu).allocated);
   EXPECT_EQ(store->stats().tiers[0].evictions, 1u);
   EXPECT_EQ(store->stats().tiers[0].writebacks, 0u);  // b was clean
+}
+
+// --trace (base/trace.h): a copy that had to wait for room says so, and
+// every move is named by its tensor and tiers.
+TEST_F(StoreFixture, TheTraceShowsMovesAndTheWaitForRoom) {
+  Open(3 * 256 * kKiB, 8 * kMiB);
+  TensorId a = Make("a", 256 * kKiB, kHost, 1), b = Make("b", 256 * kKiB, kHost, 2),
+           c = Make("c", 256 * kKiB, kHost, 3), d = Make("d", 256 * kKiB, kHost, 4);
+  for (TensorId id : {a, b, c}) EXPECT_EQ(ReadOn(id, kGpu).size(), 256 * kKiB);
+  testing::TempDir dir;
+  {
+    ASSERT_OK_AND_ASSIGN(trace::Recording rec, trace::Recording::Begin(dir.File("t.json")));
+    EXPECT_EQ(ReadOn(d, kGpu), RandomBytes(256 * kKiB, 4));  // evicts a
+    ASSERT_OK(rec.Finish());
+  }
+  std::ifstream f(dir.File("t.json"));
+  const std::string json((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  EXPECT_NE(json.find("\"name\":\"d host to gpu\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"name\":\"room for d on gpu\""), std::string::npos) << json;
+  EXPECT_EQ(json.find("room for a"), std::string::npos) << json;  // (before the recording)
 }
 
 TEST_F(StoreFixture, NextUsePolicyEvictsTheFarthestUse) {
