@@ -5,7 +5,7 @@
 // Contents
 //   Piece                   one block-level I/O
 //   set-up and thread       Init, Start, Enqueue, Stop, Run, TakeInbox
-//   submission              NextPiece, Fill, Issue, PrepSqe
+//   submission              NextPiece, Fill, Refill, Issue, PrepSqe
 //   completion              WaitAndReap, Reap, HandleCompletion, Retry, Progress
 //   ending                  SetPartError, FinishPiece, MaybeFinishPart, Fail
 #include "tiers/nvme/ring.h"
@@ -251,6 +251,16 @@ void Ring::Fill() {
   }
 }
 
+void Ring::Refill() {
+  const uint64_t before = ios_submitted.load(std::memory_order_relaxed);
+  Fill();
+  if (opt_.single_submit || ios_submitted.load(std::memory_order_relaxed) == before || !failed_.ok()) return;
+  int s = env_->Submit(&ring_);
+  // Transient refusals leave the SQEs in the ring; the next submit takes them.
+  if (s < 0 && s != -EAGAIN && s != -EBUSY && s != -EINTR)
+    Fail(IoError("io_uring_submit failed on NVMe ring " + std::to_string(index_), -s));
+}
+
 void Ring::Issue(Piece* p) {
   Part* part = p->part;
   const SwapFile& f = host_->file(part->file);
@@ -354,16 +364,22 @@ void Ring::Reap() {
     if (n == 0) break;
     for (unsigned i = 0; i < n; ++i) done[i] = {cqes[i]->user_data, cqes[i]->res};
     io_uring_cq_advance(&ring_, n);  // handling may issue new I/O: free the CQ first
+    unsigned pieces = 0;
     for (unsigned i = 0; i < n; ++i) {
       if (done[i].tag == kWakeTag) {
         rearm = true;
       } else {
-        Piece* p = reinterpret_cast<Piece*>(done[i].tag);
-        p->inflight = false;
+        reinterpret_cast<Piece*>(done[i].tag)->inflight = false;
         --inflight_;
-        HandleCompletion(p, done[i].res);
+        ++pieces;
       }
     }
+    // The queue is topped up before the completions are handled: handling
+    // verifies or records their blocks' checksums on this thread, and the
+    // device keeps `queue_depth` pieces meanwhile instead of draining.
+    if (pieces) Refill();
+    for (unsigned i = 0; i < n; ++i)
+      if (done[i].tag != kWakeTag) HandleCompletion(reinterpret_cast<Piece*>(done[i].tag), done[i].res);
   }
   if (rearm && failed_.ok()) ArmWake();
 }

@@ -114,6 +114,8 @@ class Ring {
   Piece* NewPiece();
   Piece* NextPiece();
   void Fill();
+  // Fill, and submit what it queued (the completions' handling comes after).
+  void Refill();
   void Issue(Piece* p);
   void PrepSqe(io_uring_sqe* sqe, const IoOp& op, int slot);
   void WaitAndReap();
