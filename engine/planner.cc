@@ -245,6 +245,18 @@ Plan::Row HostStaging(const PlanInputs& in, const Sizes& z, const Placement& c, 
   return srow;
 }
 
+// ZeRO across ranks: the rank's slice of every unit's compute-dtype
+// parameters, which its update writes and the gathers read (Shard::ps,
+// homed on the host: engine/model_state.h).
+Plan::Row ParamSlices(const PlanInputs& in, const Sizes& z) {
+  Plan::Row r{"parameter slices (ZeRO: this rank's 1/W of every unit)"};
+  const uint64_t W = static_cast<uint64_t>(std::max(in.zero_partitions, 1));
+  if (W == 1) return r;
+  auto slice = [&](uint64_t numel) { return AlignUp((numel + W - 1) / W * in.param_bytes, z.align); };
+  r.host = slice(in.embedding_params) + z.L * slice(in.layer_params) + slice(in.final_params);
+  return r;
+}
+
 // Bytes over each link per step.
 void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64_t host_ck, Plan* p) {
   const uint64_t passes = in.layer_major ? 1 : z.A;
@@ -306,6 +318,10 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
   p.rows.push_back(crow);
   p.rows.push_back(wrow);
   p.rows.push_back(srow);
+  if (const Plan::Row slices = ParamSlices(in, z); slices.host) {
+    host += slices.host;
+    p.rows.push_back(slices);
+  }
   p.gpu_total = gpu;
   p.host_total = host;
   p.nvme_total = nvme;

@@ -95,7 +95,9 @@ struct PlanInputs {
   bool speculative_state = false;
   // ZeRO stage >= 1 across this many ranks (engine/data_parallel.h): each
   // rank keeps the optimizer state (and its speculative set, and its NVMe
-  // traffic) of 1/zero_partitions of every unit, so the plan is per rank.
+  // traffic) of 1/zero_partitions of every unit, so the plan is per rank,
+  // and the slice of every unit's compute-dtype parameters its update
+  // writes (host memory: a row of its own).
   // 1: the whole state (one rank, or stage 0's replicas).
   int zero_partitions = 1;
   // The host tier's own allocations beside the state (a row of their own):

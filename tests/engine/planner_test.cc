@@ -71,8 +71,17 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
   };
   EXPECT_EQ(row(whole, "optimizer").host, P * 12);
   EXPECT_EQ(row(third, "optimizer").host, (P + 2) / 3 * 12);
-  // The parameters stay whole (stages 1, 2).
+  // The parameters stay whole (stages 1, 2), and beside them the rank
+  // keeps its slice of each unit's, which its update writes (4 blocks, the
+  // embedding, the final unit; each slice page-aligned).
   EXPECT_EQ(row(third, "parameters").gpu, row(whole, "parameters").gpu);
+  const uint64_t block = 12 * 128 * 128 + 13 * 128, emb = (256 + 128) * 128, fin = 2 * 128;
+  auto slice = [&](uint64_t n) { return AlignUp((n + 2) / 3 * in.param_bytes, 4096); };
+  EXPECT_EQ(row(third, "parameter slices").host, 4 * slice(block) + slice(emb) + slice(fin));
+  for (const Plan::Row& r : whole.rows) EXPECT_NE(r.kind.rfind("parameter slices", 0), 0u);  // one rank: none
+  uint64_t host = 0;
+  for (const Plan::Row& r : third.rows) host += r.host;
+  EXPECT_EQ(host, third.host_total);
   EXPECT_LT(third.host_total, whole.host_total);
 }
 
