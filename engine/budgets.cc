@@ -122,6 +122,8 @@ Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, 
     r.budgets.ranks_device = ranks;
   }
   ASSIGN_OR_RETURN(r.inputs, PlanInputsFor(cfg, backend, spec, r.budgets, WantsSpeculativeState(cfg, o)));
+  r.inputs.partitioned = PartitionsRanksState(o);
+  r.inputs.gathers_params = r.inputs.partitioned && cfg.zero.stage >= 3;
   ASSIGN_OR_RETURN(r.plan, MakePlan(r.inputs));
   r.mode = UpdateModeFor(cfg, r.plan, spec.num_units(), o, r.budgets.host);
   return r;

@@ -163,7 +163,14 @@ bool Allowed(const PlanInputs& in, const Sizes& z, const Placement& c) {
     if (req == "nvme") return t == kN;
     return t != kN || in.have_nvme;
   };
-  if (!allowed(in.offload_param, c.params) || !allowed(in.offload_optimizer, c.optimizer)) return false;
+  // ZeRO stage 3: one placement of the parameters, the slices on the host
+  // (whatever offload_param asks: a rank holds no unit whole to place).
+  if (in.gathers_params) {
+    if (c.params != kG) return false;
+  } else if (!allowed(in.offload_param, c.params)) {
+    return false;
+  }
+  if (!allowed(in.offload_optimizer, c.optimizer)) return false;
   if (in.cpu_checkpointing && c.checkpoints == kG) return false;
   // GPU Adam reads GPU gradients and writes GPU parameters.
   if (c.optimizer == kG && (c.params != kG || c.grads != kG)) return false;
@@ -182,7 +189,9 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
   const uint64_t split_gpu = z.opt_gpuN * z.opt_pp + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
                              (c.params != kG ? z.gpu_blocks_p : 0);
   int depth = 0;
-  if (c.params == kG) {
+  if (in.gathers_params) {
+    prow.kind = "parameters (ZeRO stage 3: gathered at each use)";  // (c.params is kG: Allowed)
+  } else if (c.params == kG) {
     prow.gpu = z.param_all;
   } else {
     // Embedding and ln_f stay on the GPU (used at both ends of the step);
@@ -251,7 +260,7 @@ Plan::Row HostStaging(const PlanInputs& in, const Sizes& z, const Placement& c, 
 Plan::Row ParamSlices(const PlanInputs& in, const Sizes& z) {
   Plan::Row r{"parameter slices (ZeRO: this rank's 1/W of every unit)"};
   const uint64_t W = static_cast<uint64_t>(std::max(in.zero_partitions, 1));
-  if (W == 1) return r;
+  if (!in.partitioned) return r;
   auto slice = [&](uint64_t numel) { return AlignUp((numel + W - 1) / W * in.param_bytes, z.align); };
   r.host = slice(in.embedding_params) + z.L * slice(in.layer_params) + slice(in.final_params);
   return r;
@@ -268,7 +277,8 @@ void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     // ones come back through the uploads above). The GPU-state shards' stay
     // on the GPU.
     p->d2h += z.restN * z.gb;
-    p->h2d += p->params_resident ? z.restN * in.param_bytes : z.emb_rest_p;
+    // (Stage 3: the update writes the host slices, which the gathers read.)
+    if (!in.gathers_params) p->h2d += p->params_resident ? z.restN * in.param_bytes : z.emb_rest_p;
   }
   // Host checkpoints go down in the forward and come back for the backward,
   // but for the head's input (x_L, the last set: on the host only when none
@@ -298,6 +308,7 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
   p.optimizer = c.optimizer;
   p.checkpoints = c.checkpoints;
   p.params_resident = c.params == kG;
+  p.gathers_params = in.gathers_params;
   p.grad_host_bytes = in.grad_host_bytes;
   p.optimizer_offload_ratio = in.optimizer_offload_ratio;
   p.shards = z.n_shards;
@@ -450,7 +461,10 @@ std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
   }
   if (checkpoints == TierKind::kHost && checkpoint_gpu_layers > 0)
     os << "checkpoints: the last " << checkpoint_gpu_layers << " layers' on the GPU, the rest on the host\n";
-  os << "prefetch depth: " << (params_resident ? std::string("- (parameters resident)") : std::to_string(prefetch_depth))
+  os << "prefetch depth: "
+     << (gathers_params    ? std::string("- (ZeRO stage 3: parameters gathered at each use)")
+         : params_resident ? std::string("- (parameters resident)")
+                           : std::to_string(prefetch_depth))
      << ", schedule: " << (layer_major ? "layer-major" : "micro-batch-major") << "\n";
   os << "per step: H2D " << FormatBytes(h2d) << ", D2H "
      << FormatBytes(d2h) << ", NVMe read " << FormatBytes(nvme_read) << ", NVMe write " << FormatBytes(nvme_write)

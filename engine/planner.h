@@ -100,6 +100,15 @@ struct PlanInputs {
   // writes (host memory: a row of its own).
   // 1: the whole state (one rank, or stage 0's replicas).
   int zero_partitions = 1;
+  // The rank's state is partitioned (ZeRO stage >= 1 over the ranks, or at
+  // world size 1 with TrainOptions::partition_at_world_one): its slice of
+  // every unit's compute-dtype parameters lives on the host (a row of its
+  // own). `gathers_params` (stage 3): no rank holds a unit's whole
+  // parameters between uses; each use gathers them into buffers outside the
+  // tiers (engine/param_gather.h, engine/budgets.h), so the parameters row
+  // is empty and no placement streams them.
+  bool partitioned = false;
+  bool gathers_params = false;
   // The host tier's own allocations beside the state (a row of their own):
   // each is rounded up to `host_alignment`, and with state on NVMe the
   // store's staging buffers take `nvme_staging_bytes`.
@@ -113,6 +122,7 @@ struct Plan {
   TierKind optimizer = TierKind::kGpu;
   TierKind checkpoints = TierKind::kGpu;
   bool params_resident = true;     // all layers' params stay on the GPU
+  bool gathers_params = false;     // ZeRO stage 3: gathered at each use instead (PlanInputs)
   int64_t checkpoint_gpu_layers = 0;  // with checkpoints on the host: how many of the
                                       // L+1 checkpoint sets (the last ones) stay on the GPU
   uint64_t grad_host_bytes = 4;

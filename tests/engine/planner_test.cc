@@ -61,6 +61,7 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
   in.offload_optimizer = "cpu";
   ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
   in.zero_partitions = 3;
+  in.partitioned = true;
   ASSERT_OK_AND_ASSIGN(Plan third, MakePlan(in));
   const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
   auto row = [](const Plan& p, const std::string& kind) {
@@ -83,6 +84,38 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
   for (const Plan::Row& r : third.rows) host += r.host;
   EXPECT_EQ(host, third.host_total);
   EXPECT_LT(third.host_total, whole.host_total);
+}
+
+// ZeRO stage 3: no rank holds a unit's whole parameters between uses (the
+// gathers' buffers are outside the tiers), so the parameters take no tier
+// memory, none streams, nothing is uploaded after the update, whatever
+// offload_param asks; the slices stay on the host.
+TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  in.zero_partitions = 2;
+  in.partitioned = true;
+  ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
+  in.gathers_params = true;
+  in.offload_param = "cpu";  // (DeepSpeed's stage-3 offload config: the slices are on the host anyway)
+  ASSERT_OK_AND_ASSIGN(Plan three, MakePlan(in));
+  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  auto row = [](const Plan& p, const std::string& kind) {
+    for (const Plan::Row& r : p.rows)
+      if (r.kind.rfind(kind, 0) == 0) return r;
+    ADD_FAILURE() << "no row " << kind;
+    return Plan::Row{};
+  };
+  EXPECT_EQ(row(two, "parameters").gpu, P * in.param_bytes);
+  const Plan::Row prow = row(three, "parameters (ZeRO stage 3");
+  EXPECT_EQ(prow.gpu + prow.host + prow.nvme, 0u);
+  EXPECT_EQ(three.gpu_total + P * in.param_bytes, two.gpu_total);
+  EXPECT_EQ(row(three, "parameter slices").host, row(two, "parameter slices").host);
+  EXPECT_TRUE(three.params_resident);  // (nothing streams)
+  EXPECT_EQ(three.h2d + P * in.param_bytes, two.h2d);  // no uploads after the update
+  EXPECT_THAT(three.Table(in.gpu_budget, in.host_budget), HasSubstr("gathered at each use"));
 }
 
 TEST(Planner, Gpt67bIn24GiBFitsTheH200Host) {
