@@ -314,9 +314,10 @@ Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
 
 // Tuning knobs of DeepSpeed's own fetch heuristics and of communication:
 // checked and kept in the config, but the planner decides what they decide
-// there, from the memory budgets (and one GPU has no communication). One
-// warning names those set to other than DeepSpeed's default, so a tuned
-// config does not look obeyed when it is not.
+// there, from the memory budgets; the ranks' collectives are not bucketed
+// or overlapped yet (engine/staged_collectives.h). One warning names those
+// set to other than DeepSpeed's default, so a tuned config does not look
+// obeyed when it is not.
 Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
   const ZeroConfig def;
   const std::pair<std::string, bool> tuning[] = {
@@ -336,8 +337,9 @@ Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
     ctx->warnings->push_back(ctx->source + ": " + tuned +
                              ": accepted, no effect in strata (the planner sets the prefetch depth and which "
                              "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
-                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. One GPU: no "
-                             "communication to bucket or overlap)");
+                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. Across "
+                             "ranks the collectives run unbucketed, each unit's in rounds through a 32 MiB staging "
+                             "buffer, and do not overlap the compute yet)");
   return Status::OK();
 }
 
