@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "base/trace.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -98,14 +99,21 @@ Status WriteFile(const std::string& path, const std::string& tmp, double t0, con
 
 }  // namespace
 
+Status CheckPath(const std::string& path) {
+  struct stat st {};
+  const bool existed = ::stat(path.c_str(), &st) == 0;
+  std::FILE* f = std::fopen(path.c_str(), "a");
+  if (!f) return IoError("cannot create the trace file", errno, path);
+  std::fclose(f);
+  if (!existed) std::remove(path.c_str());  // (Stop writes it whole, or nothing is left)
+  return Status::OK();
+}
+
 Status Start(const std::string& path) {
   State& r = R();
   MutexLock l(&r.mu);
   if (internal::g_on.load()) return InvalidArgument("a trace is being recorded already (into " + r.path + ")");
-  // Fail now, not after the run: the file must be creatable.
-  std::FILE* f = std::fopen(path.c_str(), "a");
-  if (!f) return IoError("cannot create the trace file", errno, path);
-  std::fclose(f);
+  RETURN_IF_ERROR(CheckPath(path));  // now, not after the run
   r.path = path;
   r.t0 = NowSeconds();
   r.events.clear();
@@ -141,6 +149,7 @@ Result<Recording> Recording::Begin(const std::string& path) {
   RETURN_IF_ERROR(Start(path));
   Recording r;
   r.active_ = true;
+  r.path_ = path;
   return r;
 }
 
@@ -159,6 +168,7 @@ Recording& Recording::operator=(Recording&& o) noexcept {
     if (Status s = Finish(); !s.ok())
       std::fprintf(stderr, "strata: the trace was not written: %s\n", s.ToString().c_str());
     active_ = o.active_;
+    path_ = std::move(o.path_);
     o.active_ = false;
   }
   return *this;

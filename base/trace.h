@@ -35,8 +35,11 @@ namespace strata::trace {
 
 inline constexpr uint64_t kMaxEvents = 2'000'000;
 
+// Whether a trace file can be created at `path`, without leaving one
+// behind: the errno of creating it when it cannot be.
+Status CheckPath(const std::string& path);
 // Starts recording into `path` (written at Stop). InvalidArgument when a
-// recording runs already; the errno of creating the file when it cannot be.
+// recording runs already; CheckPath's error when the file cannot be made.
 Status Start(const std::string& path);
 // Stops recording and writes the file; OK and nothing written when none ran.
 Status Stop();
@@ -49,14 +52,16 @@ class Recording {
   static Result<Recording> Begin(const std::string& path);
   Status Finish();
   ~Recording();
-  Recording(Recording&& o) noexcept : active_(o.active_) { o.active_ = false; }
+  Recording(Recording&& o) noexcept : active_(o.active_), path_(std::move(o.path_)) { o.active_ = false; }
   Recording& operator=(Recording&& o) noexcept;
   Recording(const Recording&) = delete;
   Recording& operator=(const Recording&) = delete;
   bool active() const { return active_; }
+  const std::string& path() const { return path_; }
 
  private:
   bool active_ = false;
+  std::string path_;
 };
 
 namespace internal {

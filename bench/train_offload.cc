@@ -62,7 +62,6 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -72,6 +71,7 @@
 #include <sstream>
 
 #include "base/bytes.h"
+#include "base/trace.h"
 #include "bench/args.h"
 #include "bench/offload_bound.h"
 #include "bench/peers.h"
@@ -307,9 +307,8 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   c.zero.offload_optimizer.ratio = o.optimizer_ratio;
   const bool nvme = std::string(spec->optimizer_device) == "nvme";
   if (!o.trace.empty()) {  // (before any baseline runs: the file must be writable)
-    std::FILE* f = std::fopen(o.trace.c_str(), "a");
-    if (!f) RefuseArgument("--trace " + o.trace + ": " + std::strerror(errno));
-    std::fclose(f);
+    if (Status s = trace::CheckPath(o.trace); !s.ok())
+      RefuseArgument("--trace " + o.trace + ": " + (s.sys_errno() ? std::strerror(s.sys_errno()) : s.ToString()));
   }
   if (!o.nvme_checksum.empty() && !nvme)
     RefuseArgument("--nvme-checksum applies to a workload with NVMe (" + o.workload + " has none)");

@@ -6,17 +6,21 @@
 
 namespace strata {
 
-uint64_t ParamGather::DeviceBytes(const models::ModelSpec& spec, DType dtype) {
+uint64_t ParamGather::BufferBytes(const models::ModelSpec& spec, DType dtype) {
   int64_t largest = 0;
   for (const auto& u : spec.units) largest = std::max(largest, u.numel);
-  return kMaxBuffers * static_cast<uint64_t>(largest) * DTypeSize(dtype);
+  return static_cast<uint64_t>(largest) * DTypeSize(dtype);
+}
+
+uint64_t ParamGather::DeviceBytes(const models::ModelSpec& spec, DType dtype) {
+  return kMaxBuffers * BufferBytes(spec, dtype);
 }
 
 ParamGather::ParamGather(ModelState* state, kernels::Backend* backend, GatherFn gather)
-    : state_(state), backend_(backend), gather_(std::move(gather)) {
-  for (const Shard& sh : state->shards())
-    buffer_bytes_ = std::max(buffer_bytes_, static_cast<size_t>(sh.numel) * DTypeSize(state->layout().dtype));
-}
+    : state_(state),
+      backend_(backend),
+      gather_(std::move(gather)),
+      buffer_bytes_(BufferBytes(state->spec(), state->layout().dtype)) {}
 
 Result<void*> ParamGather::Acquire(size_t u) {
   ++clock_;

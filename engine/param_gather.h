@@ -43,7 +43,8 @@ namespace strata {
 class ParamGather {
  public:
   static constexpr size_t kMaxBuffers = 2;
-  // The device memory of kMaxBuffers buffers for `spec`'s units in `dtype`.
+  // One buffer (`spec`'s largest unit in `dtype`), and kMaxBuffers of them.
+  static uint64_t BufferBytes(const models::ModelSpec& spec, DType dtype);
   static uint64_t DeviceBytes(const models::ModelSpec& spec, DType dtype);
 
   ParamGather(ModelState* state, kernels::Backend* backend, GatherFn gather);

@@ -89,8 +89,7 @@ Status Trainer::Run(std::ostream& given) {
     if (s.ok()) return tr;
     *I.log << "strata: " << tr.ToString() << "\n";  // (the run's own error is the one returned)
   } else if (traced) {
-    *I.log << "trace: " << TracePathOfRank(I.opt.trace_path, I.dp ? I.dp->rank() : 0, c.world_size)
-           << " (Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing)\n";
+    *I.log << "trace: " << I.trace.path() << " (Chrome trace-event JSON: open it in ui.perfetto.dev or chrome://tracing)\n";
   }
   return s;
 }

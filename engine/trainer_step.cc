@@ -261,9 +261,11 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
   hooks.around_forward = [&](bool done) -> Status {
     if (!done) {
       // A backward pass ended here (micro-batch-major), unless this is the first forward.
-      const double t = NowSeconds();
-      if (pass0 > t0) trace::Complete("step", "head and backward", pass0, t);
-      pass0 = t;
+      if (trace::On()) {
+        const double t = NowSeconds();
+        if (pass0 > t0) trace::Complete("step", "head and backward", pass0, t);
+        pass0 = t;
+      }
       return Status::OK();
     }
     if (cfg().wall_clock_breakdown) RETURN_IF_ERROR(backend->Synchronize());

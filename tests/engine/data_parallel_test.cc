@@ -123,15 +123,10 @@ TEST(DataParallel, LaunchedAtWorldOneGivesThePlainLosses) {
   o.config.gradient_clipping = 1.0;
   auto losses = [](const TrainOptions& opt, std::string* run_log) {
     std::ostringstream log, out;
-    std::vector<double> l;
     auto t = Trainer::Create(opt, log);
     EXPECT_OK(t.status());
-    if (!t.ok()) return l;
-    for (int i = 0; i < 3; ++i) {
-      auto r = (*t)->Step();
-      EXPECT_OK(r.status());
-      if (r.ok()) l.push_back(r->loss);
-    }
+    if (!t.ok()) return std::vector<double>{};
+    const std::vector<double> l = testing::StepLosses(**t, 3);
     EXPECT_OK((*t)->Run(out));
     *run_log = out.str();
     return l;
@@ -170,17 +165,11 @@ TEST(DataParallel, PartitionedAtWorldOneGivesThePlainLosses) {
         o.config.zero.offload_optimizer.device = where;
         auto losses = [](const TrainOptions& opt, std::string* plan) {
           std::ostringstream log;
-          std::vector<double> l;
           auto t = Trainer::Create(opt, log);
           EXPECT_OK(t.status());
-          if (!t.ok()) return l;
+          if (!t.ok()) return std::vector<double>{};
           *plan = (*t)->PlanTable();
-          for (int i = 0; i < 3; ++i) {
-            auto r = (*t)->Step();
-            EXPECT_OK(r.status());
-            if (r.ok()) l.push_back(r->loss);
-          }
-          return l;
+          return testing::StepLosses(**t, 3);
         };
         std::string plain_plan, partitioned_plan;
         const std::vector<double> plain = losses(o, &plain_plan);

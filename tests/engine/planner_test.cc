@@ -29,6 +29,21 @@ PlanInputs Gpt(int64_t L, int64_t C, int64_t T, int64_t Vp, int64_t B, int64_t A
   return in;
 }
 
+void ExpectRowsAddUp(const Plan& p) {
+  uint64_t gpu = 0, host = 0, nvme = 0;
+  for (const auto& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
+  EXPECT_EQ(gpu, p.gpu_total);
+  EXPECT_EQ(host, p.host_total);
+  EXPECT_EQ(nvme, p.nvme_total);
+}
+
+const Plan::Row& RowOf(const Plan& p, const std::string& prefix) {
+  for (const auto& r : p.rows)
+    if (r.kind.rfind(prefix, 0) == 0) return r;
+  ADD_FAILURE() << "no row " << prefix;
+  return p.rows.front();
+}
+
 TEST(Planner, SmallModelIsAllResident) {
   PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
   in.gpu_budget = 8 * kGiB;
@@ -64,25 +79,17 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
   in.partitioned = true;
   ASSERT_OK_AND_ASSIGN(Plan third, MakePlan(in));
   const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
-  auto row = [](const Plan& p, const std::string& kind) {
-    for (const Plan::Row& r : p.rows)
-      if (r.kind.rfind(kind, 0) == 0) return r;
-    ADD_FAILURE() << "no row " << kind;
-    return Plan::Row{};
-  };
-  EXPECT_EQ(row(whole, "optimizer").host, P * 12);
-  EXPECT_EQ(row(third, "optimizer").host, (P + 2) / 3 * 12);
+  EXPECT_EQ(RowOf(whole, "optimizer").host, P * 12);
+  EXPECT_EQ(RowOf(third, "optimizer").host, (P + 2) / 3 * 12);
   // The parameters stay whole (stages 1, 2), and beside them the rank
   // keeps its slice of each unit's, which its update writes (4 blocks, the
   // embedding, the final unit; each slice page-aligned).
-  EXPECT_EQ(row(third, "parameters").gpu, row(whole, "parameters").gpu);
+  EXPECT_EQ(RowOf(third, "parameters").gpu, RowOf(whole, "parameters").gpu);
   const uint64_t block = 12 * 128 * 128 + 13 * 128, emb = (256 + 128) * 128, fin = 2 * 128;
   auto slice = [&](uint64_t n) { return AlignUp((n + 2) / 3 * in.param_bytes, 4096); };
-  EXPECT_EQ(row(third, "parameter slices").host, 4 * slice(block) + slice(emb) + slice(fin));
+  EXPECT_EQ(RowOf(third, "parameter slices").host, 4 * slice(block) + slice(emb) + slice(fin));
   for (const Plan::Row& r : whole.rows) EXPECT_NE(r.kind.rfind("parameter slices", 0), 0u);  // one rank: none
-  uint64_t host = 0;
-  for (const Plan::Row& r : third.rows) host += r.host;
-  EXPECT_EQ(host, third.host_total);
+  ExpectRowsAddUp(third);
   EXPECT_LT(third.host_total, whole.host_total);
 }
 
@@ -102,17 +109,11 @@ TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
   in.offload_param = "cpu";  // (DeepSpeed's stage-3 offload config: the slices are on the host anyway)
   ASSERT_OK_AND_ASSIGN(Plan three, MakePlan(in));
   const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
-  auto row = [](const Plan& p, const std::string& kind) {
-    for (const Plan::Row& r : p.rows)
-      if (r.kind.rfind(kind, 0) == 0) return r;
-    ADD_FAILURE() << "no row " << kind;
-    return Plan::Row{};
-  };
-  EXPECT_EQ(row(two, "parameters").gpu, P * in.param_bytes);
-  const Plan::Row prow = row(three, "parameters (ZeRO stage 3");
+  EXPECT_EQ(RowOf(two, "parameters").gpu, P * in.param_bytes);
+  const Plan::Row prow = RowOf(three, "parameters (ZeRO stage 3");
   EXPECT_EQ(prow.gpu + prow.host + prow.nvme, 0u);
   EXPECT_EQ(three.gpu_total + P * in.param_bytes, two.gpu_total);
-  EXPECT_EQ(row(three, "parameter slices").host, row(two, "parameter slices").host);
+  EXPECT_EQ(RowOf(three, "parameter slices").host, RowOf(two, "parameter slices").host);
   EXPECT_TRUE(three.params_resident);  // (nothing streams)
   EXPECT_EQ(three.h2d + P * in.param_bytes, two.h2d);  // no uploads after the update
   EXPECT_THAT(three.Table(in.gpu_budget, in.host_budget), HasSubstr("gathered at each use"));
@@ -215,21 +216,6 @@ TEST(Planner, BadRequests) {
 // The small GPT: embedding (256 + 128) x 128 = 49152, blocks 198272 each,
 // ln_f 256; 842496 in all.
 constexpr uint64_t kEmb = 49152, kBlock = 198272, kLnF = 256, kAll = kEmb + 4 * kBlock + kLnF;
-
-void ExpectRowsAddUp(const Plan& p) {
-  uint64_t gpu = 0, host = 0, nvme = 0;
-  for (const auto& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
-  EXPECT_EQ(gpu, p.gpu_total);
-  EXPECT_EQ(host, p.host_total);
-  EXPECT_EQ(nvme, p.nvme_total);
-}
-
-const Plan::Row& RowOf(const Plan& p, const std::string& prefix) {
-  for (const auto& r : p.rows)
-    if (r.kind.rfind(prefix, 0) == 0) return r;
-  ADD_FAILURE() << "no row " << prefix;
-  return p.rows.front();
-}
 
 TEST(PlannerRatio, KeepsTheLongestForwardPrefixWithinOneMinusRatioOnTheGpu) {
   PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);

@@ -81,6 +81,18 @@ struct Outcome {
   bool grads_on_host = false;  // (and the parameters streamed)
 };
 
+// The losses of `steps` more steps of `t`; a failed step fails the
+// calling test and is left out.
+inline std::vector<double> StepLosses(Trainer& t, int steps) {
+  std::vector<double> losses;
+  for (int i = 0; i < steps; ++i) {
+    auto r = t.Step();
+    EXPECT_OK(r.status()) << "step " << i + 1;
+    if (r.ok()) losses.push_back(r->loss);
+  }
+  return losses;
+}
+
 // `steps` steps of a new trainer, then a checkpoint (which waits for the
 // last update) and a validation loss. Errors fail the calling test and end
 // the run early.

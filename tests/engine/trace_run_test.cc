@@ -20,21 +20,11 @@ namespace {
 using ::testing::HasSubstr;
 
 std::vector<double> RunLosses(const TrainOptions& o, std::string* log) {
-  std::vector<double> losses;
   std::ostringstream out;
   auto t = Trainer::Create(o, out);
-  if (!t.ok()) {
-    ADD_FAILURE() << t.status().ToString();
-    return losses;
-  }
-  for (int i = 0; i < 3; ++i) {
-    auto r = (*t)->Step();
-    if (!r.ok()) {
-      ADD_FAILURE() << r.status().ToString();
-      return losses;
-    }
-    losses.push_back(r->loss);
-  }
+  EXPECT_OK(t.status());
+  if (!t.ok()) return {};
+  const std::vector<double> losses = testing::StepLosses(**t, 3);
   EXPECT_OK((*t)->FinishTrace());
   *log = out.str();
   return losses;

@@ -240,21 +240,22 @@ Ring::Piece* Ring::NextPiece() {
   return nullptr;
 }
 
-void Ring::Fill() {
+unsigned Ring::Fill() {
   // Without overlap_events a batch is submitted and fully reaped before the
   // next (DeepSpeed aio semantics).
-  if (!opt_.overlap_events && inflight_ > 0) return;
+  if (!opt_.overlap_events && inflight_ > 0) return 0;
+  unsigned issued = 0;
   while (failed_.ok() && inflight_ < opt_.queue_depth) {
     Piece* p = NextPiece();
     if (p == nullptr) break;
     Issue(p);
+    ++issued;
   }
+  return issued;
 }
 
 void Ring::Refill() {
-  const uint64_t before = ios_submitted.load(std::memory_order_relaxed);
-  Fill();
-  if (opt_.single_submit || ios_submitted.load(std::memory_order_relaxed) == before || !failed_.ok()) return;
+  if (Fill() == 0 || opt_.single_submit || !failed_.ok()) return;
   int s = env_->Submit(&ring_);
   // Transient refusals leave the SQEs in the ring; the next submit takes them.
   if (s < 0 && s != -EAGAIN && s != -EBUSY && s != -EINTR)

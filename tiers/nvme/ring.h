@@ -113,7 +113,7 @@ class Ring {
   io_uring_sqe* GetSqe();
   Piece* NewPiece();
   Piece* NextPiece();
-  void Fill();
+  unsigned Fill();  // returns how many pieces it issued
   // Fill, and submit what it queued (the completions' handling comes after).
   void Refill();
   void Issue(Piece* p);
