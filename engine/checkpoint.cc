@@ -8,11 +8,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "base/half.h"
@@ -87,10 +89,13 @@ Status AppendMoment(SafetensorsWriter* w, DType dtype, const float* x, size_t n)
 
 // master.safetensors, optimizer.safetensors and the Hugging Face weights of
 // `shards`, streamed: one unit's master/m/v read at a time, each parameter
-// appended to the three.
+// appended to the three. Partitioned (extras.rank_files: the ranks wrote
+// the state), the Hugging Face weights alone, from the masters; a failed
+// write leaves the reads (the ranks' gathers) going to the last unit.
 Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& model,
                        const std::vector<CheckpointShard>& shards, const TrainState& state,
                        const CheckpointExtras& extras, FileSums* sums, std::string* hf_entry) {
+  const bool partitioned = !extras.rank_files.empty();
   const std::vector<ParamSpec>& tensors = model.params;
   if (shards.size() != model.units.size())
     return Internal("checkpoint: " + std::to_string(shards.size()) + " shards for a model of " +
@@ -105,9 +110,15 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
   }
   std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "strata"},
                                              {"step", std::to_string(state.step)}};
-  ASSIGN_OR_RETURN(auto mw, SafetensorsWriter::Begin(tmp_dir + "/" + kMasterFile, mdecl, meta));
-  ASSIGN_OR_RETURN(auto ow, SafetensorsWriter::Begin(tmp_dir + "/" + kOptimizerFile, odecl, meta));
-  ASSIGN_OR_RETURN(auto hw, HfWeightsWriter::Begin(tmp_dir, model, extras.hf_dtype, extras.hf_max_shard_bytes, meta));
+  std::unique_ptr<SafetensorsWriter> mw, ow;
+  if (!partitioned) {
+    ASSIGN_OR_RETURN(mw, SafetensorsWriter::Begin(tmp_dir + "/" + kMasterFile, mdecl, meta));
+    ASSIGN_OR_RETURN(ow, SafetensorsWriter::Begin(tmp_dir + "/" + kOptimizerFile, odecl, meta));
+  }
+  Result<std::unique_ptr<HfWeightsWriter>> hw =
+      HfWeightsWriter::Begin(tmp_dir, model, extras.hf_dtype, extras.hf_max_shard_bytes, meta);
+  if (!hw.ok() && !partitioned) return hw.status();
+  Status failed = hw.status();  // the first write that failed (partitioned: the reads go on)
   size_t loaded = SIZE_MAX;  // (the reads CheckpointUnitReads lists)
   std::vector<float> w, m, v;
   for (size_t i = 0; i < tensors.size(); ++i) {
@@ -116,24 +127,37 @@ Status WriteStateFiles(const std::string& tmp_dir, const models::ModelSpec& mode
     if (si != loaded) {
       const auto& sh = shards[si];
       w.resize(static_cast<size_t>(sh.numel));
-      m.resize(w.size());
-      v.resize(w.size());
-      RETURN_IF_ERROR(sh.read(w.data(), m.data(), v.data()).WithContext("checkpoint: reading " + t.name));
+      m.resize(partitioned ? 0 : w.size());
+      v.resize(m.size());
+      RETURN_IF_ERROR(sh.read(w.data(), partitioned ? nullptr : m.data(), partitioned ? nullptr : v.data())
+                          .WithContext("checkpoint: reading " + t.name));
       loaded = si;
     }
+    if (!failed.ok()) continue;
     const size_t off = static_cast<size_t>(t.offset), n = static_cast<size_t>(t.numel);
-    RETURN_IF_ERROR(mw->Append(w.data() + off, n * 4));
-    RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, m.data() + off, n));
-    RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, v.data() + off, n));
-    RETURN_IF_ERROR(hw->Append(i, w.data() + off));
+    if (!partitioned) {
+      RETURN_IF_ERROR(mw->Append(w.data() + off, n * 4));
+      RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, m.data() + off, n));
+      RETURN_IF_ERROR(AppendMoment(ow.get(), shards[si].moment_dtype, v.data() + off, n));
+    }
+    failed = (*hw)->Append(i, w.data() + off);
+    if (!failed.ok() && !partitioned) return failed;
   }
-  RETURN_IF_ERROR(mw->Commit());
-  RETURN_IF_ERROR(ow->Commit());
-  (*sums)[kMasterFile] = {mw->crc32c(), mw->file_bytes()};
-  (*sums)[kOptimizerFile] = {ow->crc32c(), ow->file_bytes()};
-  ASSIGN_OR_RETURN(const auto hf_sums, hw->Finish());
+  RETURN_IF_ERROR(failed);
+  if (!partitioned) {
+    RETURN_IF_ERROR(mw->Commit());
+    RETURN_IF_ERROR(ow->Commit());
+    (*sums)[kMasterFile] = {mw->crc32c(), mw->file_bytes()};
+    (*sums)[kOptimizerFile] = {ow->crc32c(), ow->file_bytes()};
+  } else {
+    for (size_t r = 0; r < extras.rank_files.size(); ++r)
+      (*sums)[RankStateFileName(static_cast<int>(r), static_cast<int>(extras.rank_files.size()))] =
+          extras.rank_files[r];
+  }
+  auto& hwr = *hw;
+  ASSIGN_OR_RETURN(const auto hf_sums, hwr->Finish());
   for (const auto& [name, sum] : hf_sums) (*sums)[name] = sum;
-  *hf_entry = hw->entry_file();
+  *hf_entry = hwr->entry_file();
   return Status::OK();
 }
 
@@ -154,7 +178,8 @@ Status WriteHfFiles(const std::string& tmp_dir, const models::ModelSpec& model, 
 }
 
 nlohmann::json ManifestJson(const models::ModelSpec& model, const TrainState& state, const nlohmann::json& config,
-                            const std::string& hf_entry, DType hf_dtype, const FileSums& sums) {
+                            const std::string& hf_entry, DType hf_dtype, const FileSums& sums,
+                            const std::vector<FileSum>& rank_files) {
   nlohmann::json checksums = nlohmann::json::object();
   for (const auto& [name, sum] : sums) checksums[name] = SumJson(sum);
   nlohmann::json manifest = {
@@ -168,14 +193,19 @@ nlohmann::json ManifestJson(const models::ModelSpec& model, const TrainState& st
         {"cur_iter", state.scaler.cur_iter},
         {"last_overflow_iter", state.scaler.last_overflow_iter},
         {"cur_hysteresis", state.scaler.cur_hysteresis}}},
-      {"files",
-       {{"model", hf_entry},
-        {"model_dtype", std::string(DTypeName(hf_dtype))},
-        {"master", kMasterFile},
-        {"optimizer", kOptimizerFile}}},
+      {"files", {{"model", hf_entry}, {"model_dtype", std::string(DTypeName(hf_dtype))}}},
       {"checksums", checksums},
       {"config", config},
   };
+  if (rank_files.empty()) {
+    manifest["files"]["master"] = kMasterFile;
+    manifest["files"]["optimizer"] = kOptimizerFile;
+  } else {
+    const int world = static_cast<int>(rank_files.size());
+    nlohmann::json names = nlohmann::json::array();
+    for (int r = 0; r < world; ++r) names.push_back(RankStateFileName(r, world));
+    manifest["files"]["zero"] = {{"world", world}, {"files", names}};
+  }
   manifest["manifest_crc32c"] = Crc32cHex(ManifestCrc(manifest));
   return manifest;
 }
@@ -205,16 +235,81 @@ std::string CheckpointStepName(int64_t step) {
   return b;
 }
 
-Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
-                                   const std::vector<CheckpointShard>& shards, const TrainState& state,
-                                   const CheckpointExtras& extras) {
+FlatSlice FlatSliceOf(int64_t numel, int world, int rank) {
+  const int64_t pad = (numel + world - 1) / world;
+  FlatSlice s;
+  s.off = std::min<int64_t>(numel, pad * rank);
+  s.len = std::min<int64_t>(numel, s.off + pad) - s.off;
+  return s;
+}
+
+std::string RankStateFileName(int rank, int world) {
+  char b[64];
+  std::snprintf(b, sizeof b, "zero-rank-%05d-of-%05d.safetensors", rank, world);
+  return b;
+}
+
+std::string CheckpointTmpDir(const std::string& dir, int64_t step, int64_t pid) {
+  return dir + "/." + CheckpointStepName(step) + ".tmp." + std::to_string(pid);
+}
+
+Status PrepareCheckpointTmpDir(const std::string& dir, int64_t step) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return IoError("cannot create checkpoint directory", ec.value(), dir);
-  const std::string name = CheckpointStepName(state.step);
-  const std::string tmp_dir = dir + "/." + name + ".tmp." + std::to_string(::getpid());
+  const std::string tmp_dir = CheckpointTmpDir(dir, step, ::getpid());
   fs::remove_all(tmp_dir, ec);
   if (::mkdir(tmp_dir.c_str(), 0755) != 0) return ErrnoStatus("cannot create", tmp_dir);
+  return Status::OK();
+}
+
+Result<FileSum> WriteRankStateFile(const std::string& tmp_dir, const models::ModelSpec& model,
+                                   const std::vector<CheckpointShard>& shards, int rank, int world, int64_t step) {
+  if (shards.size() != model.units.size())
+    return Internal("checkpoint: " + std::to_string(shards.size()) + " shards for a model of " +
+                    std::to_string(model.units.size()) + " units");
+  std::vector<SafetensorsWriter::Tensor> decl;
+  for (size_t si = 0; si < shards.size(); ++si) {
+    const CheckpointShard& sh = shards[si];
+    const FlatSlice want = FlatSliceOf(sh.numel, world, rank);
+    if (!sh.read_own || sh.slice_off != want.off || sh.slice_len != want.len)
+      return Internal("checkpoint: unit " + model.units[si].name + " is not rank " + std::to_string(rank) +
+                      "'s slice of " + std::to_string(world));
+    const Shape shape{sh.slice_len};
+    const std::string& u = model.units[si].name;
+    decl.push_back({"master." + u, DType::kF32, shape});
+    decl.push_back({"exp_avg." + u, sh.moment_dtype, shape});
+    decl.push_back({"exp_avg_sq." + u, sh.moment_dtype, shape});
+  }
+  const std::map<std::string, std::string> meta = {{"format", "pt"}, {"producer", "strata"},
+                                                   {"step", std::to_string(step)}, {"rank", std::to_string(rank)},
+                                                   {"world", std::to_string(world)}};
+  const std::string path = tmp_dir + "/" + RankStateFileName(rank, world);
+  ASSIGN_OR_RETURN(auto fw, SafetensorsWriter::Begin(path, decl, meta));
+  std::vector<float> w, m, v;
+  for (size_t si = 0; si < shards.size(); ++si) {
+    const CheckpointShard& sh = shards[si];
+    const size_t n = static_cast<size_t>(sh.slice_len);
+    w.resize(n);
+    m.resize(n);
+    v.resize(n);
+    RETURN_IF_ERROR(sh.read_own(w.data(), m.data(), v.data())
+                        .WithContext("checkpoint: reading rank " + std::to_string(rank) + "'s slice of " +
+                                     model.units[si].name));
+    RETURN_IF_ERROR(fw->Append(w.data(), n * 4));
+    RETURN_IF_ERROR(AppendMoment(fw.get(), sh.moment_dtype, m.data(), n));
+    RETURN_IF_ERROR(AppendMoment(fw.get(), sh.moment_dtype, v.data(), n));
+  }
+  RETURN_IF_ERROR(fw->Commit());
+  return FileSum{fw->crc32c(), fw->file_bytes()};
+}
+
+Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
+                                   const std::vector<CheckpointShard>& shards, const TrainState& state,
+                                   const CheckpointExtras& extras) {
+  const std::string name = CheckpointStepName(state.step);
+  const std::string tmp_dir = CheckpointTmpDir(dir, state.step, ::getpid());
+  if (extras.rank_files.empty()) RETURN_IF_ERROR(PrepareCheckpointTmpDir(dir, state.step));
   // Anything failing below removes the temporary directory; the previous
   // checkpoint and `latest` are untouched.
   struct Cleanup {
@@ -232,7 +327,7 @@ Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSp
   std::string hf_entry;
   RETURN_IF_ERROR(WriteStateFiles(tmp_dir, model, shards, state, extras, &sums, &hf_entry));
   RETURN_IF_ERROR(WriteHfFiles(tmp_dir, model, extras.model_source, extras.hf_dtype, &sums));
-  const nlohmann::json manifest = ManifestJson(model, state, extras.config, hf_entry, extras.hf_dtype, sums);
+  const nlohmann::json manifest = ManifestJson(model, state, extras.config, hf_entry, extras.hf_dtype, sums, extras.rank_files);
   RETURN_IF_ERROR(WriteFileAtomic(tmp_dir + "/" + kManifest, manifest.dump(2) + "\n"));
   RETURN_IF_ERROR(SyncDir(tmp_dir));
   RETURN_IF_ERROR(MoveIntoPlace(dir, name, tmp_dir));
@@ -295,8 +390,34 @@ std::string MasterFileOf(const nlohmann::json& manifest) {
   return kOldMasterFile;
 }
 
-// Every file the manifest lists has the size and crc32c it records.
-Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::ostream* log) {
+// The ranks' state files of a partitioned checkpoint (files.zero), in rank
+// order; empty for one whose state is master.safetensors/optimizer.safetensors.
+Result<std::vector<std::string>> RankFilesOf(const nlohmann::json& manifest, const std::string& mpath) {
+  const nlohmann::json files = manifest.value("files", nlohmann::json::object());
+  if (!files.is_object() || !files.contains("zero")) return std::vector<std::string>{};
+  const nlohmann::json& z = files["zero"];
+  if (!z.is_object() || !z.contains("world") || !z["world"].is_number_integer() || !z.contains("files") ||
+      !z["files"].is_array())
+    return DataLoss("manifest's files.zero is not {\"world\": N, \"files\": [...]}", mpath);
+  const int64_t world = z["world"].get<int64_t>();
+  if (world < 1 || static_cast<size_t>(world) != z["files"].size())
+    return DataLoss("manifest's files.zero names " + std::to_string(z["files"].size()) + " files for world " +
+                        std::to_string(world),
+                    mpath);
+  std::vector<std::string> out;
+  for (int r = 0; r < world; ++r) {
+    const std::string want = RankStateFileName(r, static_cast<int>(world));
+    if (!z["files"][static_cast<size_t>(r)].is_string() || z["files"][static_cast<size_t>(r)].get<std::string>() != want)
+      return DataLoss("manifest's files.zero[" + std::to_string(r) + "] is not " + want, mpath);
+    out.push_back(want);
+  }
+  return out;
+}
+
+// Every file the manifest lists has the size and crc32c it records (but
+// the ranks' state files in `unread`, which this rank does not read).
+Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::ostream* log,
+                   const std::vector<std::string>& rank_files, const std::set<std::string>& unread) {
   if (!manifest.contains("checksums")) {
     if (log)
       *log << "warning: " << ck << " was saved without checksums (an older strata): its files are not "
@@ -304,12 +425,15 @@ Status VerifyFiles(const std::string& ck, const nlohmann::json& manifest, std::o
     return Status::OK();
   }
   const nlohmann::json& sums = manifest["checksums"];
-  if (!sums.is_object() || !sums.contains(MasterFileOf(manifest)) || !sums.contains(kOptimizerFile))
-    return DataLoss("manifest's checksums lack the state files", ck + "/" + kManifest);
+  bool has_state = sums.is_object();
+  if (has_state && rank_files.empty()) has_state = sums.contains(MasterFileOf(manifest)) && sums.contains(kOptimizerFile);
+  for (const std::string& f : rank_files) has_state = has_state && sums.contains(f);
+  if (!has_state) return DataLoss("manifest's checksums lack the state files", ck + "/" + kManifest);
   for (auto it = sums.begin(); it != sums.end(); ++it) {
     const std::string path = ck + "/" + it.key();
     if (it.key().find('/') != std::string::npos || !it.value().is_object())
       return DataLoss("manifest lists a bad file entry '" + it.key() + "'", ck + "/" + kManifest);
+    if (unread.count(it.key())) continue;
     const std::string want = it.value().value("crc32c", "");
     const uint64_t want_bytes = it.value().value("bytes", uint64_t{0});
     Result<FileSum> have = FileChecksum(path);
@@ -367,6 +491,98 @@ Status ReadTrainState(const nlohmann::json& manifest, const models::ModelSpec& m
   return Status::OK();
 }
 
+// `n` values of a tensor from its element `first` on, as fp32 (bf16 widened: exact).
+void CopyAsFloat(const SafetensorsFile& f, const SafetensorsEntry& e, size_t first, size_t n, float* dst) {
+  const std::span<const uint8_t> d = f.Data(e);
+  if (e.dtype == DType::kF32) {
+    std::memcpy(dst, d.data() + first * 4, n * 4);
+    return;
+  }
+  for (size_t k = 0; k < n; ++k) {
+    uint16_t h;
+    std::memcpy(&h, d.data() + 2 * (first + k), 2);
+    dst[k] = BF16ToFloat(h);
+  }
+}
+
+// The parts of a unit a resume fills: [begin, end) of its master and of its moments.
+struct KeptRange {
+  int64_t begin = 0, end = 0;
+  bool Overlaps(const FlatSlice& s) const { return s.len > 0 && s.off < end && s.off + s.len > begin; }
+};
+KeptRange MomentsKept(const CheckpointShard& sh) {
+  if (sh.slice_len < 0) return {0, sh.numel};
+  return {sh.slice_off, sh.slice_off + sh.slice_len};
+}
+KeptRange MasterKept(const CheckpointShard& sh) { return sh.whole_master ? KeptRange{0, sh.numel} : MomentsKept(sh); }
+
+// Whether rank `r` of `world`'s file holds any part this rank keeps.
+bool ReadsRankFile(const std::vector<CheckpointShard>& shards, int world, int r) {
+  for (const CheckpointShard& sh : shards) {
+    const FlatSlice fs = FlatSliceOf(sh.numel, world, r);
+    if (MasterKept(sh).Overlaps(fs) || MomentsKept(sh).Overlaps(fs)) return true;
+  }
+  return false;
+}
+
+// A partitioned checkpoint's state into `shards`: each unit's kept parts
+// copied from the ranks' slices that overlap them (every tensor of the
+// files read is checked before anything is written).
+Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, const std::vector<CheckpointShard>& shards,
+                     const std::vector<std::string>& files, int64_t step) {
+  const int world = static_cast<int>(files.size());
+  std::map<int, SafetensorsFile> read;
+  for (int r = 0; r < world; ++r) {
+    if (!ReadsRankFile(shards, world, r)) continue;
+    ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(ck + "/" + files[static_cast<size_t>(r)]));
+    RETURN_IF_ERROR(CheckStepOf(f, step));
+    const auto& meta = f.metadata();
+    auto rank_it = meta.find("rank"), world_it = meta.find("world");
+    if (rank_it == meta.end() || world_it == meta.end() || rank_it->second != std::to_string(r) ||
+        world_it->second != std::to_string(world))
+      return DataLoss("file's metadata does not say rank " + std::to_string(r) + " of " + std::to_string(world) +
+                          " (the manifest's name for it)",
+                      f.path());
+    read.emplace(r, std::move(f));
+  }
+  for (size_t si = 0; si < shards.size(); ++si) {
+    const std::string& u = model.units[si].name;
+    for (const auto& [r, f] : read) {
+      const Shape want{FlatSliceOf(shards[si].numel, world, r).len};
+      for (const std::string& name : {"master." + u, "exp_avg." + u, "exp_avg_sq." + u}) {
+        const SafetensorsEntry* e = f.Find(name);
+        if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
+        const bool moment = name[0] == 'e';
+        const bool dtype_ok = e->dtype == DType::kF32 || (moment && e->dtype == DType::kBF16);
+        if (!dtype_ok || e->shape != want)
+          return InvalidArgument("tensor '" + name + "' in " + f.path() + " is " + std::string(DTypeName(e->dtype)) +
+                                 " " + e->shape.ToString() + ", expected " + (moment ? "f32 or bf16 " : "f32 ") +
+                                 want.ToString() + " (rank " + std::to_string(r) + "'s slice of " +
+                                 std::to_string(world) + "): a model of another shape");
+      }
+    }
+  }
+  for (size_t si = 0; si < shards.size(); ++si) {
+    const CheckpointShard& sh = shards[si];
+    const std::string& u = model.units[si].name;
+    std::vector<float> w(static_cast<size_t>(sh.numel), 0.f), m(w.size(), 0.f), v(w.size(), 0.f);
+    for (const auto& [r, f] : read) {
+      const FlatSlice fs = FlatSliceOf(sh.numel, world, r);
+      auto fill = [&](const std::string& name, KeptRange keep, std::vector<float>& dst) {
+        const int64_t lo = std::max(keep.begin, fs.off), hi = std::min(keep.end, fs.off + fs.len);
+        if (lo >= hi) return;
+        CopyAsFloat(f, *f.Find(name), static_cast<size_t>(lo - fs.off), static_cast<size_t>(hi - lo),
+                    dst.data() + lo);
+      };
+      fill("master." + u, MasterKept(sh), w);
+      fill("exp_avg." + u, MomentsKept(sh), m);
+      fill("exp_avg_sq." + u, MomentsKept(sh), v);
+    }
+    RETURN_IF_ERROR(sh.write(w.data(), m.data(), v.data()).WithContext("resume"));
+  }
+  return Status::OK();
+}
+
 }  // namespace
 
 Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
@@ -377,7 +593,14 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   const std::string mpath = ck + "/" + kManifest;
   ASSIGN_OR_RETURN(nlohmann::json manifest, ReadManifest(mpath));
   RETURN_IF_ERROR(ReadTrainState(manifest, model, mpath, state));
-  if (Status v = VerifyFiles(ck, manifest, log); !v.ok()) {
+  if (shards.size() != model.units.size())
+    return Internal("resume: " + std::to_string(shards.size()) + " shards for a model of " +
+                    std::to_string(model.units.size()) + " units");
+  ASSIGN_OR_RETURN(const std::vector<std::string> rank_files, RankFilesOf(manifest, mpath));
+  std::set<std::string> unread;
+  for (size_t r = 0; r < rank_files.size(); ++r)
+    if (!ReadsRankFile(shards, static_cast<int>(rank_files.size()), static_cast<int>(r))) unread.insert(rank_files[r]);
+  if (Status v = VerifyFiles(ck, manifest, log, rank_files, unread); !v.ok()) {
     // A weights or state file of another step says so more plainly than its checksum.
     const std::string bad(v.path());
     if (bad.size() > 12 && bad.compare(bad.size() - 12, 12, ".safetensors") == 0)
@@ -385,15 +608,13 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
         RETURN_IF_ERROR(CheckStepOf(*other, state->step));
     return v;
   }
+  if (!rank_files.empty()) return LoadRankFiles(ck, model, shards, rank_files, state->step);
 
   ASSIGN_OR_RETURN(SafetensorsFile mf, SafetensorsFile::Open(ck + "/" + MasterFileOf(manifest)));
   ASSIGN_OR_RETURN(SafetensorsFile of, SafetensorsFile::Open(ck + "/" + kOptimizerFile));
   RETURN_IF_ERROR(CheckStepOf(mf, state->step));
   RETURN_IF_ERROR(CheckStepOf(of, state->step));
   const std::vector<ParamSpec>& tensors = model.params;
-  if (shards.size() != model.units.size())
-    return Internal("resume: " + std::to_string(shards.size()) + " shards for a model of " +
-                    std::to_string(model.units.size()) + " units");
   // Validate every tensor of both files before writing anything: masters
   // f32, moments f32 or bf16 (whichever the run saved them in).
   auto check = [](const SafetensorsFile& f, const std::string& name, const ParamSpec& t, bool moment) -> Status {
@@ -420,18 +641,7 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
       // fp32 copied; bf16 widened (exact). The shard's write rounds to its
       // own moment dtype (engine/model_state.h).
       auto copy = [&](const SafetensorsFile& f, const std::string& name, std::vector<float>& dst) {
-        const SafetensorsEntry* e = f.Find(name);
-        auto d = f.Data(*e);
-        if (e->dtype == DType::kF32) {
-          std::memcpy(dst.data() + t.offset, d.data(), d.size());
-          return;
-        }
-        const size_t n = d.size() / 2;
-        for (size_t k = 0; k < n; ++k) {
-          uint16_t h;
-          std::memcpy(&h, d.data() + 2 * k, 2);
-          dst[static_cast<size_t>(t.offset) + k] = BF16ToFloat(h);
-        }
+        CopyAsFloat(f, *f.Find(name), 0, static_cast<size_t>(t.numel), dst.data() + t.offset);
       };
       copy(mf, t.name, w);
       copy(of, "exp_avg." + t.name, m);

@@ -17,6 +17,22 @@
 //   DIR/step-000040/manifest.json
 //   DIR/latest                               "step-000040"
 //
+// Partitioned across ranks (ZeRO stages >= 1 at world size W > 1), the
+// state is each rank's own: master.safetensors and optimizer.safetensors
+// give way to one file per rank,
+//   DIR/step-000040/zero-rank-00001-of-00002.safetensors
+//                                            master.<unit>, exp_avg.<unit>, exp_avg_sq.<unit>: the
+//                                            rank's slice of each unit's flat state (DeepSpeed's
+//                                            flat partitions, engine/model_state.h), as the rank
+//                                            holds it (moments f32 or bf16)
+// which each rank writes from its own tier store, without collectives; rank
+// 0 writes the Hugging Face weights (each unit's masters all-gathered from
+// the slices, one unit at a time) and the manifest, whose files.zero names
+// the world size and the rank files. A resume at any world size reads, for
+// each unit, the slices that overlap the part it keeps (all of them at one
+// rank, its own at the same W) and verifies only the files it reads.
+// Several machines need the save directory on a filesystem they share.
+//
 // Streaming: one unit's master/m/v is read from the store at a time and each
 // of its parameters appended to the three weights files; a HF shard is open
 // from its first tensor to its last, so no more than a unit's state is in
@@ -58,6 +74,7 @@
 
 #include "base/dtype.h"
 #include "base/status.h"
+#include "engine/durable_file.h"
 #include "models/model_spec.h"
 #include "optim/loss_scaler.h"
 
@@ -72,6 +89,15 @@ struct CheckpointShard {
   DType moment_dtype = DType::kF32;  // kF32 or kBF16
   std::function<Status(float* master, float* m, float* v)> read;
   std::function<Status(const float* master, const float* m, const float* v)> write;
+  // Partitioned across ranks: the part of the unit this rank keeps, [slice_off,
+  // slice_off + slice_len) (write reads no other element of its arrays), and
+  // the read of that part alone from this rank's store (no collective).
+  // Unpartitioned: the whole unit and no read_own.
+  // whole_master: write reads the whole master all the same (the full
+  // parameters of ZeRO stages 1-2 are rounded from it).
+  int64_t slice_off = 0, slice_len = -1;  // -1: the whole unit
+  bool whole_master = false;
+  std::function<Status(float* master, float* m, float* v)> read_own;
 };
 
 struct TrainState {
@@ -88,17 +114,50 @@ struct CheckpointExtras {
   std::ostream* log = nullptr;  // "saved checkpoint DIR/step-N" when given
   DType hf_dtype = DType::kBF16;               // the HF weights' dtype: kBF16 or kF32
   uint64_t hf_max_shard_bytes = 5'000'000'000;  // their max_shard_size
+  // Partitioned: the ranks' state files' sums in rank order (world = size),
+  // written by WriteRankStateFile into CheckpointTmpDir(dir, step, this
+  // process's PID); empty: this rank writes the whole state itself.
+  std::vector<FileSum> rank_files;
 };
 
 // "step-000040".
 std::string CheckpointStepName(int64_t step);
+
+// ---- partitioned saves (the ranks' protocol is the trainer's: Trainer::Save)
+
+// Rank `rank`'s part of a unit of `numel` elements split across `world`
+// ranks: slices of ceil(numel / world), the last ones short or empty.
+struct FlatSlice {
+  int64_t off = 0, len = 0;
+};
+FlatSlice FlatSliceOf(int64_t numel, int world, int rank);
+
+// "zero-rank-00001-of-00002.safetensors".
+std::string RankStateFileName(int rank, int world);
+
+// Where the step's files are written before the rename: DIR/.step-000040.tmp.PID
+// (PID: the saving rank 0's, so that engine/save_dir.h reclaims it after a crash).
+std::string CheckpointTmpDir(const std::string& dir, int64_t step, int64_t pid);
+
+// Creates `dir` if needed and an empty CheckpointTmpDir(dir, step, getpid()).
+Status PrepareCheckpointTmpDir(const std::string& dir, int64_t step);
+
+// Writes this rank's slices of every unit (CheckpointShard::read_own) into
+// `tmp_dir`/RankStateFileName(rank, world), one unit in memory at a time,
+// and returns the file's sum for the manifest.
+Result<FileSum> WriteRankStateFile(const std::string& tmp_dir, const models::ModelSpec& model,
+                                   const std::vector<CheckpointShard>& shards, int rank, int world, int64_t step);
 
 // The units SaveCheckpoint reads (CheckpointShard::read), in its order: the
 // other ranks of a partitioned state join each read's gather in this order.
 std::vector<size_t> CheckpointUnitReads(const models::ModelSpec& model);
 
 // Writes a checkpoint of `state` under `dir` (created if needed) and returns
-// the step directory's path.
+// the step directory's path. With extras.rank_files (partitioned), the ranks'
+// state files are already in the prepared temporary directory: this writes
+// the rest, reading only the masters (read(master, nullptr, nullptr): at
+// each unit the other ranks join the gather) and, should a write fail,
+// still reads every unit so that no rank waits in a gather for it.
 Result<std::string> SaveCheckpoint(const std::string& dir, const models::ModelSpec& model,
                                    const std::vector<CheckpointShard>& shards, const TrainState& state,
                                    const CheckpointExtras& extras);

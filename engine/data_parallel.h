@@ -47,9 +47,9 @@
 //              TrainOptions::partition_at_world_one (one slice per unit:
 //              the tests and measurements of the path on one GPU).
 //              Stage 1 reduce-scatters too (it is stage 2 here; neither
-//              frees the backward's full-size gradient buffer). A
-//              checkpoint is gathered unit by unit for rank 0 to write in
-//              the one-rank format, so it resumes at any world size. The
+//              frees the backward's full-size gradient buffer). In a
+//              checkpoint each rank writes its own slices, and a resume at
+//              any world size reshards them (engine/checkpoint.h). The
 //              plan is per rank (PlanInputs::zero_partitions) and Describe
 //              says what moves over the communicator per rank per step.
 //   stopping   a stop signal seen by any rank stops every rank after the

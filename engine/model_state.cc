@@ -45,8 +45,9 @@ Status ModelState::CreateShards(const Plan& plan) {
       const int64_t W = layout_.world;
       s.partitioned = true;
       s.slice_pad = (u.numel + W - 1) / W;
-      s.slice_off = std::min<int64_t>(u.numel, s.slice_pad * layout_.rank);
-      s.slice_len = std::min<int64_t>(u.numel, s.slice_off + s.slice_pad) - s.slice_off;
+      const FlatSlice own = FlatSliceOf(u.numel, static_cast<int>(W), layout_.rank);
+      s.slice_off = own.off;
+      s.slice_len = own.len;
     }
     // offload_optimizer.ratio < 1: the first plan.optimizer_gpu_shards shards
     // (forward order) keep optimizer state, gradients and parameters on the GPU.
@@ -91,7 +92,8 @@ Status ModelState::CreateCheckpoints(const Plan& plan) {
   checkpoints_.assign(static_cast<size_t>(L + 1), {});
   for (int64_t l = 0; l <= L; ++l)
     for (int64_t a = 0; a < sets; ++a) {
-      ASSIGN_OR_RETURN(TensorId id, store_->Create("x" + std::to_string(l) + "." + std::to_string(a), layout_.dtype,
+      const std::string name = std::to_string(l).insert(0, 1, 'x') + "." + std::to_string(a);  // (GCC 12's -Wrestrict on "x" + ...)
+      ASSIGN_OR_RETURN(TensorId id, store_->Create(name, layout_.dtype,
                                                    Shape{layout_.batch, layout_.seq, spec_.d_model},
                                                    home[static_cast<size_t>(l)]));
       checkpoints_[static_cast<size_t>(l)].push_back(id);
@@ -286,6 +288,19 @@ Status ModelState::ReadOwnState(size_t si, float* master, float* m, float* v) {
   return Status::OK();
 }
 
+Status ModelState::ReadOwnSlice(size_t si, float* master, float* m, float* v) {
+  const Shard& s = shards_[si];
+  const size_t pad = static_cast<size_t>(s.opt_numel()), len = static_cast<size_t>(s.slice_len);
+  std::vector<float> own(pad);
+  for (float* out : {master, m, v}) {
+    if (!out) continue;
+    RETURN_IF_ERROR(ReadOwnState(si, out == master ? own.data() : nullptr, out == m ? own.data() : nullptr,
+                                 out == v ? own.data() : nullptr));
+    std::copy(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(len), out);
+  }
+  return Status::OK();
+}
+
 Status ModelState::ReadShardState(size_t si, float* master, float* m, float* v) {
   const Shard& s = shards_[si];
   if (!s.partitioned) return ReadOwnState(si, master, m, v);
@@ -339,6 +354,13 @@ std::vector<CheckpointShard> ModelState::CheckpointShards() {
     c.moment_dtype = layout_.moment_dtype;
     c.read = [this, i](float* w, float* m, float* v) { return ReadShardState(i, w, m, v); };
     c.write = [this, i](const float* w, const float* m, const float* v) { return WriteShardState(i, w, m, v); };
+    const Shard& s = shards_[i];
+    if (s.partitioned) {
+      c.slice_off = s.slice_off;
+      c.slice_len = s.slice_len;
+      c.whole_master = s.p.valid();
+      c.read_own = [this, i](float* w, float* m, float* v) { return ReadOwnSlice(i, w, m, v); };
+    }
     out.push_back(std::move(c));
   }
   return out;

@@ -154,6 +154,9 @@ class ModelState {
   // Partitioned, the whole arrays are all-gathered from the ranks (a
   // collective: every rank calls it alike).
   Status ReadShardState(size_t s, float* master, float* m, float* v);
+  // Partitioned: this rank's part of the unit's master/m/v (slice_len each,
+  // without the padding; null: not read).
+  Status ReadOwnSlice(size_t s, float* master, float* m, float* v);
   // This rank's own master/m/v (opt_numel() each; null: not read).
   Status ReadOwnState(size_t s, float* master, float* m, float* v);
   // The parameters rounded again from this rank's master (`p`, or, partitioned,

@@ -18,6 +18,9 @@
 // and the API; trainer_step.cc is the step, trainer_run.cc the whole run.
 #include "engine/trainer.h"
 
+#include <unistd.h>
+
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 
@@ -456,37 +459,85 @@ Result<double> Trainer::Evaluate(int batches) {
   return loss;
 }
 
+namespace {
+
+// Each rank's outcome of its part of a save, gathered by every rank: its
+// state file's sum, or a failure (the rank's own error stays in its log).
+struct RankFileRecord {
+  int64_t ok = 0, crc32c = 0, bytes = 0;
+};
+static_assert(sizeof(RankFileRecord) == 3 * sizeof(int64_t), "gathered as three int64 values");
+
+}  // namespace
+
 Status Trainer::Save(const std::string& dir) {
   Impl& I = *impl_;
-  // The ranks' states are the same: rank 0 writes it (engine/data_parallel.h).
-  // Partitioned, the others take part in gathering each unit's state from
-  // the slices, in the order rank 0 reads them.
-  if (!I.leads()) {
-    RETURN_IF_ERROR(I.pool->WaitAll(I.step));
-    if (!I.state->layout().partitioned()) return Status::OK();
-    std::vector<CheckpointShard> shards = I.state->CheckpointShards();
-    return I.Aside([&]() -> Status {
-      std::vector<float> w, m, v;
-      for (size_t si : CheckpointUnitReads(I.spec)) {
-        w.resize(static_cast<size_t>(shards[si].numel));
-        m.resize(w.size());
-        v.resize(w.size());
-        RETURN_IF_ERROR(shards[si].read(w.data(), m.data(), v.data()).WithContext("checkpoint, rank " +
-                                                                                   std::to_string(I.dp->rank())));
-      }
+  TrainState ts;
+  ts.step = I.step;
+  ts.data_position = I.data->position();
+  ts.scaler = I.scaler->state();
+  ts.precision = I.cfg().precision();
+  CheckpointExtras extras;
+  extras.config = ConfigToJson(I.cfg());
+  extras.model_source = I.model_source;
+  extras.log = I.log;
+  extras.hf_dtype = I.cfg().trainer.save_dtype == "fp32" ? DType::kF32 : DType::kBF16;
+  ASSIGN_OR_RETURN(extras.hf_max_shard_bytes, ParseBytes(I.cfg().trainer.save_max_shard_size));
+  const bool partitioned = I.dp && I.state->layout().partitioned() && I.dp->world() > 1;
+  // Unpartitioned, the ranks' states are the same: rank 0 writes it
+  // (engine/data_parallel.h); the others have nothing to do.
+  if (!partitioned) {
+    if (!I.leads()) return I.pool->WaitAll(I.step);
+    return I.Aside([&] {
+      ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, extras));
       return Status::OK();
     });
   }
-  return I.Aside([&] {
-    TrainState ts;
-    ts.step = I.step;
-    ts.data_position = I.data->position();
-    ts.scaler = I.scaler->state();
-    ts.precision = I.cfg().precision();
-    CheckpointExtras extras{ConfigToJson(I.cfg()), I.model_source, I.log};
-    extras.hf_dtype = I.cfg().trainer.save_dtype == "fp32" ? DType::kF32 : DType::kBF16;
-    ASSIGN_OR_RETURN(extras.hf_max_shard_bytes, ParseBytes(I.cfg().trainer.save_max_shard_size));
-    ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, I.state->CheckpointShards(), ts, extras));
+  // Partitioned: each rank writes its own slices into rank 0's temporary
+  // directory; rank 0 then writes the Hugging Face weights (the others join
+  // each unit's gather of the masters) and the manifest, and moves the step
+  // into place (engine/checkpoint.h). Every rank takes part in every
+  // collective below whatever failed before it, so that none waits for one.
+  RETURN_IF_ERROR(I.pool->WaitAll(I.step));
+  const int world = I.dp->world(), rank = I.dp->rank();
+  return I.Aside([&]() -> Status {
+    const std::string who = "checkpoint, rank " + std::to_string(rank);
+    int64_t lead_pid = -1;
+    Status prepared = I.leads() ? PrepareCheckpointTmpDir(dir, ts.step) : Status::OK();
+    if (I.leads() && prepared.ok()) lead_pid = ::getpid();
+    std::vector<int64_t> pids(static_cast<size_t>(world));
+    RETURN_IF_ERROR(I.dp->AllGather(&lead_pid, 1, DType::kI64, pids.data(), pids.size(), false).WithContext(who));
+    if (pids[0] < 0) return I.leads() ? prepared : Unavailable(who + ": rank 0 could not prepare the step directory");
+    const std::string tmp_dir = CheckpointTmpDir(dir, ts.step, pids[0]);
+
+    const std::vector<CheckpointShard> shards = I.state->CheckpointShards();
+    Result<FileSum> own = WriteRankStateFile(tmp_dir, I.spec, shards, rank, world, ts.step);
+    RankFileRecord mine;
+    if (own.ok()) mine = {1, static_cast<int64_t>(own->crc32c), static_cast<int64_t>(own->bytes)};
+    std::vector<RankFileRecord> all(static_cast<size_t>(world));
+    RETURN_IF_ERROR(I.dp->AllGather(&mine, 3, DType::kI64, all.data(), all.size() * 3, false).WithContext(who));
+    for (int r = 0; r < world; ++r)
+      if (!all[static_cast<size_t>(r)].ok) {
+        if (I.leads()) {
+          std::error_code ec;
+          std::filesystem::remove_all(tmp_dir, ec);
+        }
+        if (r == rank) return own.status().WithContext(who);
+        return Unavailable(who + ": rank " + std::to_string(r) + " could not write its slices (its log says why)");
+      }
+
+    if (!I.leads()) {
+      // Rank 0's reads of the masters, joined unit by unit.
+      std::vector<float> w;
+      for (size_t si : CheckpointUnitReads(I.spec)) {
+        w.resize(static_cast<size_t>(shards[si].numel));
+        RETURN_IF_ERROR(shards[si].read(w.data(), nullptr, nullptr).WithContext(who));
+      }
+      return Status::OK();
+    }
+    for (const RankFileRecord& r : all)
+      extras.rank_files.push_back({static_cast<uint32_t>(r.crc32c), static_cast<uint64_t>(r.bytes)});
+    ASSIGN_OR_RETURN(I.last_saved, SaveCheckpoint(dir, I.spec, shards, ts, extras));
     return Status::OK();
   });
 }

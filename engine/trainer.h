@@ -148,8 +148,8 @@ class Trainer {
   Result<double> Evaluate(int batches);
   // Writes a checkpoint of the current state into `dir` (atomically; with
   // every file's checksum and the Hugging Face files: engine/checkpoint.h).
-  // Rank 0 writes it; with the state partitioned the others join in
-  // gathering it unit by unit.
+  // Rank 0 writes it; with the state partitioned each rank writes its own
+  // slices and joins rank 0's gathers of the masters for the HF weights.
   Status Save(const std::string& dir);
   // The whole run: steps, logging every steps_per_print (and the JSON log,
   // engine/run_log.h), evaluation, checkpoints. Returns the first error.

@@ -11,7 +11,7 @@ steps' losses must match the uninterrupted one-rank run's within fp32
 reduction-order tolerance (relative 1e-6; about 1e-8 is seen).
 
 With a ZeRO stage (>= 1 partitions the state across the ranks), every run
-uses it: the 2-rank checkpoint (gathered from the ranks' slices) is
+uses it: the 2-rank checkpoint (each rank's slices in its own file) is
 resharded into 3 slices, or 1.
 
 usage: mpirun_resume.py MPIEXEC STRATA [ZERO_STAGE]
@@ -69,6 +69,14 @@ def main():
         train(mpiexec, strata, 1, cfgs[1], want, [])
         ckpt = os.path.join(d, "ckpt")
         train(mpiexec, strata, 2, cfgs[2], os.path.join(d, "two.jsonl"), ["--save", ckpt, "--steps", str(SAVE_AT)])
+        # Partitioned, each rank wrote its own slices (engine/checkpoint.h);
+        # unpartitioned, rank 0 the whole state.
+        step_dir = os.path.join(ckpt, f"step-{SAVE_AT:06d}")
+        state = sorted(f for f in os.listdir(step_dir) if f.startswith(("zero-rank-", "master.", "optimizer.")))
+        expect = (["zero-rank-00000-of-00002.safetensors", "zero-rank-00001-of-00002.safetensors"] if stage >= 1
+                  else ["master.safetensors", "optimizer.safetensors"])
+        if state != expect:
+            sys.exit(f"mpirun_resume.py: the 2-rank checkpoint holds {state}, expected {expect}")
         ref = losses(want)
         bad = []
         for n in (3, 1):

@@ -1,0 +1,224 @@
+// SPDX-License-Identifier: Apache-2.0
+// Partitioned checkpoints (engine/checkpoint.h): each rank's slices in a
+// file of its own beside the Hugging Face weights, resumed at another world
+// size by reading the slices that overlap what each new rank keeps. The
+// ranks here are in-memory shards of known values (the MPI runs of the whole
+// trainer are tests/engine/dp_ranks.cc and mpirun_resume.py).
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "engine/checkpoint.h"
+#include "engine/model_config.h"
+#include "tests/engine/tiny_trainer.h"
+#include "tests/test_util.h"
+
+namespace strata {
+namespace {
+
+namespace fs = std::filesystem;
+using ::strata::testing::FileBytes;
+using ::strata::testing::StatusIs;
+using ::strata::testing::TempDir;
+using ::testing::HasSubstr;
+
+// The value of element i of unit u's master (which 0), m (1) or v (2):
+// distinct everywhere and exact in bf16 (quarters below 32).
+float Value(size_t u, int64_t i, int which) {
+  return static_cast<float>((static_cast<int64_t>(u) * 7 + i * 3 + which * 11) % 127) / 4.0f;
+}
+
+void Fill(size_t u, int64_t off, int64_t n, int which, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = Value(u, off + i, which);
+}
+
+// Rank `rank` of `world`'s shards as a trainer's ModelState gives them.
+std::vector<CheckpointShard> SavingRank(const models::ModelSpec& spec, int rank, int world, DType moments) {
+  std::vector<CheckpointShard> out;
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    CheckpointShard c;
+    c.numel = spec.units[u].numel;
+    c.moment_dtype = moments;
+    const FlatSlice s = FlatSliceOf(c.numel, world, rank);
+    c.slice_off = s.off;
+    c.slice_len = s.len;
+    c.read_own = [u, s](float* w, float* m, float* v) {
+      Fill(u, s.off, s.len, 0, w);
+      Fill(u, s.off, s.len, 1, m);
+      Fill(u, s.off, s.len, 2, v);
+      return Status::OK();
+    };
+    // (the gathered read rank 0 makes for the Hugging Face weights)
+    c.read = [u, n = c.numel](float* w, float* m, float* v) {
+      if (w) Fill(u, 0, n, 0, w);
+      if (m) Fill(u, 0, n, 1, m);
+      if (v) Fill(u, 0, n, 2, v);
+      return Status::OK();
+    };
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Saves step 7 as `world` ranks would (each rank's file, then rank 0's rest).
+Result<std::string> SavePartitioned(const std::string& dir, const models::ModelSpec& spec, int world,
+                                    DType moments = DType::kF32) {
+  TrainState ts;
+  ts.step = 7;
+  ts.data_position = 123;
+  ts.precision = "fp32";
+  RETURN_IF_ERROR(PrepareCheckpointTmpDir(dir, ts.step));
+  CheckpointExtras extras;
+  extras.hf_dtype = DType::kF32;
+  for (int r = 0; r < world; ++r) {
+    ASSIGN_OR_RETURN(FileSum sum, WriteRankStateFile(CheckpointTmpDir(dir, ts.step, ::getpid()), spec,
+                                                     SavingRank(spec, r, world, moments), r, world, ts.step));
+    extras.rank_files.push_back(sum);
+  }
+  return SaveCheckpoint(dir, spec, SavingRank(spec, 0, world, moments), ts, extras);
+}
+
+// A resuming rank's shards: what each write received.
+struct Loaded {
+  std::vector<std::vector<float>> w, m, v;
+};
+std::vector<CheckpointShard> ResumingRank(const models::ModelSpec& spec, int rank, int world, bool whole_master,
+                                          Loaded* got) {
+  got->w.assign(spec.units.size(), {});
+  got->m.assign(spec.units.size(), {});
+  got->v.assign(spec.units.size(), {});
+  std::vector<CheckpointShard> out;
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    CheckpointShard c;
+    c.numel = spec.units[u].numel;
+    if (world > 1) {
+      const FlatSlice s = FlatSliceOf(c.numel, world, rank);
+      c.slice_off = s.off;
+      c.slice_len = s.len;
+      c.whole_master = whole_master;
+    }
+    c.write = [u, n = c.numel, got](const float* w, const float* m, const float* v) {
+      got->w[u].assign(w, w + n);
+      got->m[u].assign(m, m + n);
+      got->v[u].assign(v, v + n);
+      return Status::OK();
+    };
+    out.push_back(std::move(c));
+  }
+  return out;
+}
+
+// Every element in [begin, end) of each unit's arrays is the saved value.
+void ExpectKept(const models::ModelSpec& spec, const Loaded& got, int world, int rank, bool whole_master) {
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    const int64_t n = spec.units[u].numel;
+    const FlatSlice s = world > 1 ? FlatSliceOf(n, world, rank) : FlatSlice{0, n};
+    ASSERT_EQ(got.w[u].size(), static_cast<size_t>(n)) << spec.units[u].name;
+    const int64_t wb = whole_master ? 0 : s.off, we = whole_master ? n : s.off + s.len;
+    for (int64_t i = wb; i < we; ++i) ASSERT_EQ(got.w[u][i], Value(u, i, 0)) << spec.units[u].name << " master " << i;
+    for (int64_t i = s.off; i < s.off + s.len; ++i) {
+      ASSERT_EQ(got.m[u][i], Value(u, i, 1)) << spec.units[u].name << " exp_avg " << i;
+      ASSERT_EQ(got.v[u][i], Value(u, i, 2)) << spec.units[u].name << " exp_avg_sq " << i;
+    }
+  }
+}
+
+models::ModelSpec TinySpec() {
+  Result<models::ModelSpec> spec = ModelSpecFor(testing::TinyTrainer(2).config);
+  EXPECT_OK(spec.status());
+  return *spec;
+}
+
+TEST(RankCheckpoint, EachRankHasItsFileAndTheManifestNamesThem) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
+  EXPECT_TRUE(fs::exists(step + "/zero-rank-00000-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(step + "/zero-rank-00001-of-00002.safetensors"));
+  EXPECT_TRUE(fs::exists(step + "/model.safetensors"));  // the Hugging Face weights, once
+  EXPECT_FALSE(fs::exists(step + "/master.safetensors"));
+  EXPECT_FALSE(fs::exists(step + "/optimizer.safetensors"));
+  std::ifstream in(step + "/manifest.json");
+  const nlohmann::json m = nlohmann::json::parse(in);
+  EXPECT_EQ(m["files"]["zero"]["world"], 2);
+  EXPECT_EQ(m["files"]["zero"]["files"][1], "zero-rank-00001-of-00002.safetensors");
+  EXPECT_TRUE(m["checksums"].contains("zero-rank-00000-of-00002.safetensors"));
+}
+
+// Saved at 2, resumed at 2, 3 and 1: each rank gets the parts it keeps (its
+// slice of the moments; its slice or all of the master).
+TEST(RankCheckpoint, ResumesAtAnyWorldSize) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK(SavePartitioned(dir.path(), spec, 2).status());
+  for (int world : {2, 3, 1})
+    for (int rank = 0; rank < world; ++rank)
+      for (bool whole_master : {false, true}) {
+        SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(world) +
+                     (whole_master ? ", whole master" : ""));
+        Loaded got;
+        TrainState ts;
+        ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, rank, world, whole_master, &got), &ts, nullptr));
+        EXPECT_EQ(ts.step, 7);
+        EXPECT_EQ(ts.data_position, 123u);
+        ExpectKept(spec, got, world, rank, whole_master || world == 1);
+      }
+}
+
+TEST(RankCheckpoint, Bf16MomentsResumeExactly) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK(SavePartitioned(dir.path(), spec, 3, DType::kBF16).status());
+  Loaded got;
+  TrainState ts;
+  ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 2, false, &got), &ts, nullptr));
+  ExpectKept(spec, got, 2, 0, false);
+}
+
+// A flipped byte in a rank's file is DataLoss naming it, for a rank that
+// reads that file; nothing is written into the shards.
+TEST(RankCheckpoint, AFlippedByteInARankFileIsDataLossNamingIt) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
+  const std::string path = step + "/zero-rank-00001-of-00002.safetensors";
+  std::string bytes = FileBytes(path);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  Loaded got;
+  TrainState ts;
+  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 1, 2, false, &got), &ts, nullptr);
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(s.ToString(), HasSubstr("zero-rank-00001-of-00002.safetensors"));
+  EXPECT_TRUE(got.w[0].empty());
+}
+
+// A rank file that says it is another rank's (renamed over) is DataLoss.
+TEST(RankCheckpoint, ARankFileOfAnotherRankIsDataLoss) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
+  // Rank 0's bytes under rank 1's name, in a manifest without checksums
+  // (as an older save's): the file's own metadata must catch it.
+  fs::copy_file(step + "/zero-rank-00000-of-00002.safetensors", step + "/zero-rank-00001-of-00002.safetensors",
+                fs::copy_options::overwrite_existing);
+  std::ifstream in(step + "/manifest.json");
+  nlohmann::json m = nlohmann::json::parse(in);
+  in.close();
+  m.erase("manifest_crc32c");
+  m.erase("checksums");
+  std::ofstream(step + "/manifest.json", std::ios::trunc) << m.dump(2);
+  Loaded got;
+  TrainState ts;
+  std::ostringstream log;
+  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 1, false, &got), &ts, nullptr, &log);
+  EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
+  EXPECT_THAT(s.ToString(), HasSubstr("rank 1 of 2"));
+}
+
+}  // namespace
+}  // namespace strata
