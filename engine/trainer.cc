@@ -516,15 +516,17 @@ Status Trainer::Save(const std::string& dir) {
     if (own.ok()) mine = {1, static_cast<int64_t>(own->crc32c), static_cast<int64_t>(own->bytes)};
     std::vector<RankFileRecord> all(static_cast<size_t>(world));
     RETURN_IF_ERROR(I.dp->AllGather(&mine, 3, DType::kI64, all.data(), all.size() * 3, false).WithContext(who));
-    for (int r = 0; r < world; ++r)
-      if (!all[static_cast<size_t>(r)].ok) {
-        if (I.leads()) {
-          std::error_code ec;
-          std::filesystem::remove_all(tmp_dir, ec);
-        }
-        if (r == rank) return own.status().WithContext(who);
-        return Unavailable(who + ": rank " + std::to_string(r) + " could not write its slices (its log says why)");
+    int failed = -1;  // the first rank whose file failed
+    for (int r = world - 1; r >= 0; --r)
+      if (!all[static_cast<size_t>(r)].ok) failed = r;
+    if (failed >= 0) {
+      if (I.leads()) {
+        std::error_code ec;
+        std::filesystem::remove_all(tmp_dir, ec);
       }
+      if (!own.ok()) return own.status().WithContext(who);
+      return Unavailable(who + ": rank " + std::to_string(failed) + " could not write its slices (its log says why)");
+    }
 
     if (!I.leads()) {
       // Rank 0's reads of the masters, joined unit by unit.
