@@ -491,6 +491,20 @@ Status ReadTrainState(const nlohmann::json& manifest, const models::ModelSpec& m
   return Status::OK();
 }
 
+// A state tensor is in `f` with the shape `want`: f32, or for a moment f32
+// or bf16 (whichever the run saved them in).
+Status CheckStateTensor(const SafetensorsFile& f, const std::string& name, const Shape& want, bool moment,
+                        const std::string& what = "") {
+  const SafetensorsEntry* e = f.Find(name);
+  if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
+  const bool dtype_ok = e->dtype == DType::kF32 || (moment && e->dtype == DType::kBF16);
+  if (!dtype_ok || e->shape != want)
+    return InvalidArgument("tensor '" + name + "' in " + f.path() + " is " + std::string(DTypeName(e->dtype)) + " " +
+                           e->shape.ToString() + ", expected " + (moment ? "f32 or bf16 " : "f32 ") + want.ToString() +
+                           what);
+  return Status::OK();
+}
+
 // `n` values of a tensor from its element `first` on, as fp32 (bf16 widened: exact).
 void CopyAsFloat(const SafetensorsFile& f, const SafetensorsEntry& e, size_t first, size_t n, float* dst) {
   const std::span<const uint8_t> d = f.Data(e);
@@ -549,17 +563,10 @@ Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, cons
     const std::string& u = model.units[si].name;
     for (const auto& [r, f] : read) {
       const Shape want{FlatSliceOf(shards[si].numel, world, r).len};
-      for (const std::string& name : {"master." + u, "exp_avg." + u, "exp_avg_sq." + u}) {
-        const SafetensorsEntry* e = f.Find(name);
-        if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
-        const bool moment = name[0] == 'e';
-        const bool dtype_ok = e->dtype == DType::kF32 || (moment && e->dtype == DType::kBF16);
-        if (!dtype_ok || e->shape != want)
-          return InvalidArgument("tensor '" + name + "' in " + f.path() + " is " + std::string(DTypeName(e->dtype)) +
-                                 " " + e->shape.ToString() + ", expected " + (moment ? "f32 or bf16 " : "f32 ") +
-                                 want.ToString() + " (rank " + std::to_string(r) + "'s slice of " +
-                                 std::to_string(world) + "): a model of another shape");
-      }
+      const std::string of_rank = " (rank " + std::to_string(r) + "'s slice of " + std::to_string(world) + ")";
+      RETURN_IF_ERROR(CheckStateTensor(f, "master." + u, want, false, of_rank));
+      RETURN_IF_ERROR(CheckStateTensor(f, "exp_avg." + u, want, true, of_rank));
+      RETURN_IF_ERROR(CheckStateTensor(f, "exp_avg_sq." + u, want, true, of_rank));
     }
   }
   for (size_t si = 0; si < shards.size(); ++si) {
@@ -617,21 +624,11 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
   const std::vector<ParamSpec>& tensors = model.params;
   // Validate every tensor of both files before writing anything: masters
   // f32, moments f32 or bf16 (whichever the run saved them in).
-  auto check = [](const SafetensorsFile& f, const std::string& name, const ParamSpec& t, bool moment) -> Status {
-    const SafetensorsEntry* e = f.Find(name);
-    if (!e) return NotFound("tensor '" + name + "' is missing from " + f.path());
-    Shape want(std::span<const int64_t>(t.shape.data(), t.shape.size()));
-    const bool dtype_ok = e->dtype == DType::kF32 || (moment && e->dtype == DType::kBF16);
-    if (!dtype_ok || e->shape != want)
-      return InvalidArgument("tensor '" + name + "' in " + f.path() + " is " + std::string(DTypeName(e->dtype)) + " " +
-                             e->shape.ToString() + ", expected " + (moment ? "f32 or bf16 " : "f32 ") +
-                             want.ToString());
-    return Status::OK();
-  };
   for (const auto& t : tensors) {
-    RETURN_IF_ERROR(check(mf, t.name, t, false));
-    RETURN_IF_ERROR(check(of, "exp_avg." + t.name, t, true));
-    RETURN_IF_ERROR(check(of, "exp_avg_sq." + t.name, t, true));
+    const Shape want(std::span<const int64_t>(t.shape.data(), t.shape.size()));
+    RETURN_IF_ERROR(CheckStateTensor(mf, t.name, want, false));
+    RETURN_IF_ERROR(CheckStateTensor(of, "exp_avg." + t.name, want, true));
+    RETURN_IF_ERROR(CheckStateTensor(of, "exp_avg_sq." + t.name, want, true));
   }
   for (size_t si = 0; si < shards.size(); ++si) {
     const auto& sh = shards[si];

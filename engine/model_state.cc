@@ -290,14 +290,14 @@ Status ModelState::ReadOwnState(size_t si, float* master, float* m, float* v) {
 
 Status ModelState::ReadOwnSlice(size_t si, float* master, float* m, float* v) {
   const Shard& s = shards_[si];
-  const size_t pad = static_cast<size_t>(s.opt_numel()), len = static_cast<size_t>(s.slice_len);
-  std::vector<float> own(pad);
-  for (float* out : {master, m, v}) {
-    if (!out) continue;
-    RETURN_IF_ERROR(ReadOwnState(si, out == master ? own.data() : nullptr, out == m ? own.data() : nullptr,
-                                 out == v ? own.data() : nullptr));
-    std::copy(own.begin(), own.begin() + static_cast<std::ptrdiff_t>(len), out);
-  }
+  const size_t pad = static_cast<size_t>(s.opt_numel());
+  const auto len = static_cast<std::ptrdiff_t>(s.slice_len);
+  std::vector<float> w_own(master ? pad : 0), m_own(m ? pad : 0), v_own(v ? pad : 0);
+  RETURN_IF_ERROR(ReadOwnState(si, master ? w_own.data() : nullptr, m ? m_own.data() : nullptr,
+                               v ? v_own.data() : nullptr));
+  if (master) std::copy(w_own.begin(), w_own.begin() + len, master);
+  if (m) std::copy(m_own.begin(), m_own.begin() + len, m);
+  if (v) std::copy(v_own.begin(), v_own.begin() + len, v);
   return Status::OK();
 }
 
