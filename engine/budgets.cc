@@ -103,7 +103,9 @@ Result<PlanInputs> PlanInputsFor(const Config& cfg, const kernels::Backend& back
 uint64_t RanksDeviceBytes(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
   if (backend.kind() != kernels::BackendKind::kCuda || !TakesRanksPath(o)) return 0;
   uint64_t bytes = DataParallel::StageBytes(o.config);
-  if (PartitionsRanksState(o) && o.config.zero.stage >= 3) bytes += ParamGather::DeviceBytes(spec, ComputeDType(o.config));
+  if (PartitionsRanksState(o) && o.config.zero.stage >= 3)
+    bytes += ParamGather::DeviceBytes(spec, ComputeDType(o.config), o.config.world_size,
+                                      o.config.zero.prefetch_bucket_size);
   return bytes;
 }
 

@@ -119,6 +119,12 @@ Status DataParallel::AllGather(const void* send, size_t count, DType dtype, void
   return staged_->AllGather(send, count, dtype, recv, recv_elems, recv_on_backend);
 }
 
+Status DataParallel::AllGatherInPlace(void* buf, size_t count, DType dtype, void* stream) {
+  uint8_t* all = static_cast<uint8_t*>(buf);
+  const uint8_t* mine = all + static_cast<size_t>(rank()) * count * DTypeSize(dtype);
+  return comm_->AllGather(mine, all, count, dtype, stream);
+}
+
 Status DataParallel::SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite) {
   RETURN_IF_ERROR(staged_->AllReduceHost(sum_sq, 1, DType::kF64, comm::ReduceOp::kSum)
                       .WithContext("summing the gradient's squared norm over the ranks' slices"));

@@ -38,12 +38,13 @@
 //              all-reduce each after the backward (SumGradStats); each rank
 //              updates its slice, and the new parameters are all-gathered
 //              (AllGather): at stages 1 and 2 into every rank's whole
-//              parameters once the step's update is done, at stage 3 into
-//              a transient buffer at each use (engine/param_gather.h).
-//              These run through one bounded staging buffer in rounds
-//              (engine/staged_collectives.h): the slices are host memory
-//              and NCCL moves device memory, and a unit's last slice is
-//              padded. At world size 1 the path is taken only with
+//              parameters once the step's update is done, through one
+//              bounded staging buffer in rounds (engine/
+//              staged_collectives.h: the slices are host memory and NCCL
+//              moves device memory, and a unit's last slice is padded); at
+//              stage 3 into a buffer at each use, in place, on a stream of
+//              their own and fetched ahead of use (AllGatherInPlace,
+//              engine/param_gather.h). At world size 1 the path is taken only with
 //              TrainOptions::partition_at_world_one (one slice per unit:
 //              the tests and measurements of the path on one GPU).
 //              Stage 1 reduce-scatters too (it is stage 2 here; neither
@@ -128,6 +129,12 @@ class DataParallel {
   // at r × count), in the backend's memory when `recv_on_backend`, else in
   // host memory.
   Status AllGather(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems, bool recv_on_backend);
+  // ZeRO stage 3's gathers (engine/param_gather.h): `count` elements of
+  // `dtype` per rank gathered in place in `buf` (the backend's memory, world
+  // × count), this rank's already at rank × count. NCCL: enqueued on
+  // `stream` (errors stick and surface at the next call that waits); MPI:
+  // complete on return.
+  Status AllGatherInPlace(void* buf, size_t count, DType dtype, void* stream);
   // Partitioned: each rank's statistics of its slices (the squared norm,
   // the non-finite count per unit) summed over the ranks in place.
   Status SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite);

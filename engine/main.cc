@@ -6,7 +6,7 @@
 //                [--gpu-memory-limit SIZE] [--host-memory-limit SIZE]
 //                [--dry-run] [--log-json FILE] [--trace FILE] [--backend auto|cpu|cuda] [--threads N]
 //                [--optimizer-after-backward] [--no-speculative-update]
-//                [--num-gpus N | --backend cpu --num-ranks N] [--hostfile FILE]
+//                [--num-gpus N | --backend cpu --num-ranks N] [--hostfile FILE] [--partition-at-world-one]
 //                [--master-addr ADDR] [--master-port PORT] [--launcher-args ARGS]
 //                                          (several ranks: engine/launcher.h)
 //   strata generate --model DIR [--prompt TEXT | --tokens IDS] ...   (engine/inference_cli.h)
@@ -121,7 +121,8 @@ struct TrainFlags {
   int64_t steps = -1, save_every = 0;
   int threads = 0;
   strata::LaunchFlags launch;  // several ranks (engine/launcher.h)
-  bool dry_run = false, after_backward = false, no_speculation = false, allow_config_change = false;
+  bool dry_run = false, after_backward = false, no_speculation = false, allow_config_change = false,
+       partition_one = false;
   po::variables_map given;  // which flags the command line gave
   std::string steps_help =
       "optimizer steps to train (default: trainer.steps, " + std::to_string(strata::TrainerConfig{}.steps) + ")";
@@ -163,6 +164,10 @@ po::options_description TrainFlagsDescription(TrainFlags* f) {
       "update, each move between tiers, each wait; open it in ui.perfetto.dev); several ranks: FILE-rankN")(
       "backend", po::value(&f->backend)->value_name("NAME"), "auto, cpu or cuda")(
       "threads", po::value(&f->threads)->value_name("N"), "CPU threads for the CPU backend and CPU Adam (0: all)")(
+      "partition-at-world-one", po::bool_switch(&f->partition_one),
+      "with --num-gpus 1 (or another launcher's one rank) and zero_optimization.stage 1-3: take the partitioned "
+      "path anyway, as DeepSpeed does (each slice is the whole unit; at stage 3 the parameters are gathered at each "
+      "use), to measure or test it on one GPU; without it one rank runs stage 0's path")(
       "num-gpus", po::value(&f->launch.num_gpus)->value_name("N"),
       "data parallel: start N ranks, one per GPU of this machine (NCCL), each bound to its GPU's NUMA node; with "
       "--hostfile, N per host")(
@@ -316,6 +321,15 @@ strata::Result<strata::TrainOptions> TrainOptionsFrom(const TrainFlags& f) {
   o.speculative_update = !f.no_speculation;
   o.progress = isatty(STDERR_FILENO) && isatty(STDOUT_FILENO);
   o.launched = strata::StartedByLauncher([](const char* v) { return std::getenv(v); });
+  if (f.partition_one) {
+    if (o.config.zero.stage < 1)
+      return strata::InvalidArgument("--partition-at-world-one needs zero_optimization.stage 1, 2 or 3 (the config's "
+                                     "is 0: nothing is partitioned)");
+    if (!o.launched)
+      return strata::InvalidArgument("--partition-at-world-one is for the ranks' path: start with --num-gpus 1 (or "
+                                     "under a launcher)");
+    o.partition_at_world_one = true;
+  }
   for (auto [text, out, flag] : {std::tuple{&f.gpu_limit, &o.gpu_memory_limit, "--gpu-memory-limit"},
                                  std::tuple{&f.host_limit, &o.host_memory_limit, "--host-memory-limit"}}) {
     if (!f.Given(flag + 2)) continue;

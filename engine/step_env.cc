@@ -62,7 +62,10 @@ Result<void*> StepEnv::Acquire(const PassTensor& t, Access access) {
     if (computes()) RETURN_IF_ERROR(hooks_.before_params(static_cast<size_t>(t.unit), &wait_s_));
   }
   if (t.role == PassTensor::kParams && state_->layout().gathers_params()) {
-    if (!computes()) return static_cast<void*>(nullptr);  // (not the store's: nothing to schedule)
+    if (!computes()) {  // (not the store's: nothing to schedule, but the gathers' order)
+      recorded_gathers_.push_back(static_cast<size_t>(t.unit));
+      return static_cast<void*>(nullptr);
+    }
     const double t0 = NowSeconds();
     Result<void*> r = hooks_.acquire_params(static_cast<size_t>(t.unit));
     const double t1 = NowSeconds();

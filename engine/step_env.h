@@ -113,6 +113,9 @@ class StepEnv final : public models::PassEnv {
   void BeginStep(float dloss, int64_t step);
   // Seconds this step's thread waited in acquires and for the optimizer.
   double wait_seconds() const { return wait_s_; }
+  // ZeRO stage 3, recording: the units whose parameters the passes
+  // acquired, in order, one entry per acquisition (ParamGather's order).
+  const std::vector<size_t>& recorded_gathers() const { return recorded_gathers_; }
 
   bool computes() const override { return !access_->records(); }
   Result<void*> Acquire(const models::PassTensor& t, Access access) override;
@@ -151,6 +154,7 @@ class StepEnv final : public models::PassEnv {
   int64_t step_ = 0;
   double wait_s_ = 0;
   std::vector<char> params_used_;  // per unit: acquired in this step already
+  std::vector<size_t> recorded_gathers_;
 };
 
 }  // namespace strata

@@ -40,11 +40,13 @@ class ScheduleRecorder final : public StepAccess {
 }  // namespace
 
 Result<AccessSchedule> RecordStepSchedule(const models::ModelProgram& model, ModelState* state, StepBuffers* buffers,
-                                          kernels::Backend* backend, const StepShape& shape, const TierStore& store) {
+                                          kernels::Backend* backend, const StepShape& shape, const TierStore& store,
+                                          std::vector<size_t>* gathers) {
   AccessSchedule s(TierKind::kGpu);
   ScheduleRecorder recorder(&s, *state);
   StepEnv env(state, buffers, backend, &recorder, shape, StepEnv::Hooks{}, StepEnv::Options{});
   RETURN_IF_ERROR(RunStepPasses(model, env, shape, StepHooks{}).WithContext("recording the step's schedule"));
+  if (gathers) *gathers = env.recorded_gathers();
   RETURN_IF_ERROR(s.DescribeFrom(store));
   RETURN_IF_ERROR(s.Finish());
   return s;

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/model_state.h"
@@ -31,8 +32,12 @@
 
 namespace strata {
 
+// The step's schedule, recorded from its passes; with `gathers` (ZeRO
+// stage 3), the units whose parameters they acquire, in order
+// (StepEnv::recorded_gathers).
 Result<AccessSchedule> RecordStepSchedule(const models::ModelProgram& model, ModelState* state, StepBuffers* buffers,
-                                          kernels::Backend* backend, const StepShape& shape, const TierStore& store);
+                                          kernels::Backend* backend, const StepShape& shape, const TierStore& store,
+                                          std::vector<size_t>* gathers = nullptr);
 
 struct StepPrefetcher {
   std::unique_ptr<Prefetcher> prefetcher;

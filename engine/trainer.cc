@@ -173,7 +173,18 @@ Status Trainer::Impl::Setup() {
       return dp->AllGather(send, count, dt, recv, recv_elems, on_backend);
     };
     state->SetGather(gather);
-    if (lay.gathers_params()) param_gather = std::make_unique<ParamGather>(state.get(), backend.get(), gather);
+    if (lay.gathers_params()) {
+      ParamGather::Options go;
+      go.gather = [this](void* buf, size_t count, DType dt, void* s) { return dp->AllGatherInPlace(buf, count, dt, s); };
+      // Never a slice the optimizer has not written yet (the first use's wait, brought forward).
+      go.before_gather = [this](size_t u) {
+        double waited = 0;
+        return WaitForUpdate(u, &waited);
+      };
+      go.prefetch_elems = c.zero.prefetch_bucket_size;
+      go.own_stream = c.zero.overlap_comm;
+      ASSIGN_OR_RETURN(param_gather, ParamGather::Create(state.get(), backend.get(), std::move(go)));
+    }
   }
   const size_t n = static_cast<size_t>(c.grad_accum * c.micro_batch * c.model.seq_len);
   tok_host.resize(n);
@@ -247,8 +258,10 @@ Status Trainer::Impl::InitState() {
 // The step's schedule, recorded from its passes, the prefetcher that runs
 // it, the environment the passes run in; then the workers start.
 Status Trainer::Impl::StartStep() {
+  std::vector<size_t> gathers;
   ASSIGN_OR_RETURN(AccessSchedule s,
-                   RecordStepSchedule(*program, state.get(), &*buffers, backend.get(), shape, *store));
+                   RecordStepSchedule(*program, state.get(), &*buffers, backend.get(), shape, *store, &gathers));
+  if (param_gather) param_gather->SetStepOrder(std::move(gathers));
   // A shard's parameters are loaded for step `cycle` only once the optimizer
   // has written them (exactness: never a stale weight, never a wasted load),
   // and not before the step that made them has ended (`step`, the step

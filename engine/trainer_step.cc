@@ -52,7 +52,7 @@ Status Trainer::Impl::GradFinal(size_t s) {
 // it runs during it; the post-backward update is waited for here.
 // Stage 3 keeps no whole parameters: the gathered buffers are out of date.
 Status Trainer::Impl::GatherParams() {
-  if (param_gather) param_gather->Invalidate();
+  if (param_gather) RETURN_IF_ERROR(param_gather->Invalidate());
   if (!state->layout().partitioned() || param_gather) return Status::OK();
   RETURN_IF_ERROR(pool->WaitAll(step));
   for (size_t s = 0; s < state->size(); ++s) RETURN_IF_ERROR(state->GatherParams(s));
@@ -289,7 +289,9 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
     job_in_backward = true;
     return Status::OK();
   };
+  if (param_gather) param_gather->BeginStep();  // (stage 3: the gathers fetched ahead of use)
   RETURN_IF_ERROR(RunStepPasses(*program, *env, shape, hooks));
+  if (param_gather) RETURN_IF_ERROR(param_gather->EndStep());
   RETURN_IF_ERROR(FinishBackward());
   const double t2 = NowSeconds();
   trace::Complete("step", "head and backward", pass0, t2);
