@@ -238,11 +238,24 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
   std::vector<float> zeros;
   if (s.partitioned) {
-    const std::vector<float> w_own = SliceOf(s, master), m_own = SliceOf(s, m), v_own = SliceOf(s, v);
-    RETURN_IF_ERROR(store_->Write(s.w, w_own.data(), fbytes));
-    RETURN_IF_ERROR(WriteMoment(store_, s.m, layout_.moment_dtype, m_own.data(), m_own.size()));
-    RETURN_IF_ERROR(WriteMoment(store_, s.v, layout_.moment_dtype, v_own.data(), v_own.size()));
-    const std::vector<uint8_t> ps = RoundParams(w_own.data(), w_own.size(), layout_.dtype);
+    // This rank's slice, padded: read in place unless it runs past the
+    // unit's end (the last rank's), so that a unit's state is not copied
+    // whole once more while the shards initialize in parallel. Null
+    // moments stay null (zeros, written without a slice-sized copy).
+    const size_t pad = static_cast<size_t>(s.slice_pad);
+    const bool inside = s.slice_off + s.slice_pad <= s.numel;
+    std::vector<float> w_copy, m_copy, v_copy;
+    auto own = [&](const float* whole, std::vector<float>* copy) -> const float* {
+      if (!whole) return nullptr;
+      if (inside) return whole + s.slice_off;
+      *copy = SliceOf(s, whole);
+      return copy->data();
+    };
+    const float* w_own = own(master, &w_copy);
+    RETURN_IF_ERROR(store_->Write(s.w, w_own, fbytes));
+    RETURN_IF_ERROR(WriteMoment(store_, s.m, layout_.moment_dtype, own(m, &m_copy), pad));
+    RETURN_IF_ERROR(WriteMoment(store_, s.v, layout_.moment_dtype, own(v, &v_copy), pad));
+    const std::vector<uint8_t> ps = RoundParams(w_own, pad, layout_.dtype);
     RETURN_IF_ERROR(store_->Write(s.ps, ps.data(), ps.size()));
   } else {
     RETURN_IF_ERROR(store_->Write(s.w, master, fbytes));

@@ -18,6 +18,7 @@
 #include "base/bytes.h"
 #include "comm/nccl_communicator.h"
 #include "engine/model_config.h"
+#include "engine/param_gather.h"
 #include "engine/staged_collectives.h"
 #include "engine/trainer.h"
 #include "kernels/backend.h"
@@ -126,12 +127,16 @@ TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
       ASSERT_OK(t.status());
       EXPECT_THAT((*t)->PlanTable(), HasSubstr("zero stage " + std::to_string(stage) + " across 1 ranks"));
       // The plan took the collectives' device memory off the GPU tier: the
-      // staging, and at stage 3 two of the largest unit's parameters.
+      // staging, and at stage 3 the gather buffers (two held and those
+      // fetched ahead, each the largest unit's parameters).
       ASSERT_OK_AND_ASSIGN(const std::string dry, Trainer::DryRun(o));
       ASSERT_OK_AND_ASSIGN(const models::ModelSpec spec, ModelSpecFor(o.config));
       int64_t largest = 0;
       for (const auto& u : spec.units) largest = std::max(largest, u.numel);
-      const uint64_t gathered = stage == 3 ? 2 * static_cast<uint64_t>(largest) * DTypeSize(ComputeDType(o.config)) : 0;
+      const size_t buffers = ParamGather::kMaxHeld + ParamGather::AheadUnits(spec, o.config.zero.prefetch_bucket_size);
+      EXPECT_GE(buffers, 3u);  // (the default bucket fetches ahead)
+      const uint64_t gathered =
+          stage == 3 ? buffers * static_cast<uint64_t>(largest) * DTypeSize(ComputeDType(o.config)) : 0;
       EXPECT_THAT(dry, HasSubstr("gpu: " + FormatBytes((32ull << 20) + gathered) +
                                  " beside the tiers for the ranks' collectives (staging" +
                                  (stage == 3 ? " and the gathered parameters" : ")")));
