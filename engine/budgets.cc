@@ -102,7 +102,7 @@ Result<PlanInputs> PlanInputsFor(const Config& cfg, const kernels::Backend& back
 
 uint64_t RanksDeviceBytes(const TrainOptions& o, const kernels::Backend& backend, const models::ModelSpec& spec) {
   if (backend.kind() != kernels::BackendKind::kCuda || !TakesRanksPath(o)) return 0;
-  uint64_t bytes = DataParallel::StageBytes(o.config);
+  uint64_t bytes = DataParallel::RoundsFor(o.config, spec.largest_unit()).stage_bytes;
   if (PartitionsRanksState(o) && o.config.zero.stage >= 3)
     bytes += ParamGather::DeviceBytes(spec, ComputeDType(o.config), o.config.world_size,
                                       o.config.zero.prefetch_bucket_size);
@@ -126,6 +126,7 @@ Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, 
   ASSIGN_OR_RETURN(r.inputs, PlanInputsFor(cfg, backend, spec, r.budgets, WantsSpeculativeState(cfg, o)));
   r.inputs.partitioned = PartitionsRanksState(o);
   r.inputs.gathers_params = r.inputs.partitioned && cfg.zero.stage >= 3;
+  r.inputs.partitions_grads = r.inputs.partitioned && cfg.zero.stage >= 2;
   ASSIGN_OR_RETURN(r.plan, MakePlan(r.inputs));
   r.mode = UpdateModeFor(cfg, r.plan, spec.num_units(), o, r.budgets.host);
   return r;

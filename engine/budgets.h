@@ -60,7 +60,7 @@ Result<RunPlan> PlanRun(const TrainOptions& options, const kernels::Backend& bac
 
 // The device memory a run on the ranks' path takes on the CUDA backend
 // beside the tiers, which PlanRun takes off the GPU tier's budget: the
-// collectives' staging buffer (DataParallel::StageBytes), and at ZeRO
+// collectives' staging buffer (DataParallel::RoundsFor), and at ZeRO
 // stage 3 partitioned the gathered parameters' buffers
 // (engine/param_gather.h). 0 on one plain rank and on the CPU backend
 // (whose staging is host memory beside the tiers' budgets).

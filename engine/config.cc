@@ -312,22 +312,21 @@ Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
   return Status::OK();
 }
 
-// Tuning knobs of DeepSpeed's own fetch heuristics and of communication:
-// checked and kept in the config, but the planner decides what they decide
-// there, from the memory budgets; the ranks' collectives are not bucketed
-// or overlapped yet (engine/staged_collectives.h). One warning names those
-// set to other than DeepSpeed's default, so a tuned config does not look
-// obeyed when it is not.
+// Tuning knobs of DeepSpeed's own fetch heuristics: checked and kept in the
+// config, but the planner decides what they decide there, from the memory
+// budgets. One warning names those set to other than DeepSpeed's default,
+// so a tuned config does not look obeyed when it is not. The bucket sizes
+// are obeyed (the rounds of the ranks' collectives, engine/
+// staged_collectives.h), as are stage 3's prefetch_bucket_size and
+// overlap_comm (engine/param_gather.h); below stage 3 overlap_comm is not:
+// the gradients' reduce-scatter runs on the compute stream.
 Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
   const ZeroConfig def;
   const std::pair<std::string, bool> tuning[] = {
-      {"prefetch_bucket_size", c->prefetch_bucket_size != def.prefetch_bucket_size},
       {"max_live_parameters", c->max_live_parameters != def.max_live_parameters},
       {"max_reuse_distance", c->max_reuse_distance != def.max_reuse_distance},
       {"param_persistence_threshold", c->param_persistence_threshold != def.param_persistence_threshold},
-      {"reduce_bucket_size", c->reduce_bucket_size != def.reduce_bucket_size},
-      {"allgather_bucket_size", c->allgather_bucket_size != def.allgather_bucket_size},
-      {"overlap_comm", c->overlap_comm != def.overlap_comm},
+      {"overlap_comm", c->stage < 3 && c->overlap_comm != def.overlap_comm},
       {"sub_group_size", c->sub_group_size != def.sub_group_size}};
   std::string tuned;
   for (const auto& [key, changed] : tuning)
@@ -337,9 +336,9 @@ Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
     ctx->warnings->push_back(ctx->source + ": " + tuned +
                              ": accepted, no effect in strata (the planner sets the prefetch depth and which "
                              "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
-                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. Across "
-                             "ranks the collectives run unbucketed, each unit's in rounds through a 32 MiB staging "
-                             "buffer, and do not overlap the compute yet)");
+                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. "
+                             "overlap_comm takes effect at stage 3, where the parameters' gathers run on a stream "
+                             "of their own; the gradients' reduce-scatter runs on the compute stream)");
   return Status::OK();
 }
 

@@ -37,7 +37,7 @@ Result<int> RankDevice(const comm::RankEnv& env, int visible) {
 }
 
 Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, kernels::Backend* backend, int device,
-                                                           double timeout_s) {
+                                                           double timeout_s, int64_t largest_unit) {
   RETURN_IF_ERROR(CheckBatchRule(c));
   ASSIGN_OR_RETURN(const comm::RankEnv env, comm::RankEnvFromEnvironment());
   comm::CommOptions o;
@@ -50,17 +50,17 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Create(const Config& c, kern
     if (!nccl.ok())
       return nccl.status().WithContext("joining the ranks over NCCL (" + env.ToString() + ", GPU " +
                                        std::to_string(device) + ")");
-    return Over(std::move(*nccl), c, backend);
+    return Over(std::move(*nccl), c, backend, largest_unit);
   }
   ASSIGN_OR_RETURN(std::unique_ptr<comm::Communicator> mpi, comm::CreateMpiCommunicator(o));
   if (mpi->world_size() != env.world_size && env.world_size != 1)
     return InvalidArgument("the launcher says " + env.ToString() + " but MPI sees " +
                            std::to_string(mpi->world_size()) + " ranks: the CPU backend's ranks run under mpirun");
-  return Over(std::move(mpi), c);
+  return Over(std::move(mpi), c, nullptr, largest_unit);
 }
 
 Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::Communicator> comm, const Config& c,
-                                                         kernels::Backend* backend) {
+                                                         kernels::Backend* backend, int64_t largest_unit) {
   RETURN_IF_ERROR(CheckBatchRule(c));
   if (comm->world_size() != c.world_size)
     return InvalidArgument("the config's world size is " + std::to_string(c.world_size) + " but the " +
@@ -72,13 +72,17 @@ Result<std::unique_ptr<DataParallel>> DataParallel::Over(std::unique_ptr<comm::C
     return InvalidArgument("the NCCL communicator needs the CUDA backend whose memory and stream it uses");
   std::unique_ptr<DataParallel> dp(new DataParallel(std::move(comm)));
   if (device_memory) dp->backend_ = backend;
-  ASSIGN_OR_RETURN(StagedCollectives staged, StagedCollectives::Create(dp->comm_.get(), dp->backend_, StageBytes(c)));
+  ASSIGN_OR_RETURN(StagedCollectives staged,
+                   StagedCollectives::Create(dp->comm_.get(), dp->backend_, RoundsFor(c, largest_unit)));
   dp->staged_.emplace(std::move(staged));
   return dp;
 }
 
-size_t DataParallel::StageBytes(const Config& c) {
-  return c.zero.stage >= 1 ? StagedCollectives::kStageBytes : size_t{1} << 20;
+StagedCollectives::Rounds DataParallel::RoundsFor(const Config& c, int64_t largest_unit) {
+  if (c.zero.stage < 1) return StagedCollectives::Rounds{size_t{1} << 20};
+  if (largest_unit <= 0) return StagedCollectives::Rounds{};
+  return StagedCollectives::RoundsFor(c.world_size, c.zero.reduce_bucket_size, c.zero.allgather_bucket_size,
+                                      ComputeDType(c), largest_unit);
 }
 
 Status DataParallel::ReduceScalar(void* v, DType dtype, comm::ReduceOp op) {
@@ -150,12 +154,13 @@ uint64_t AllReduceBytesPerRank(int world, int64_t params) {
   return static_cast<uint64_t>(2.0 * (world - 1) / world * 4.0 * static_cast<double>(params));
 }
 
-std::string DataParallelNote(const Config& c, int64_t params) {
+std::string DataParallelNote(const TrainOptions& o, int64_t params) {
+  const Config& c = o.config;
   const int w = c.world_size;
   std::string note = "data parallel: " + std::to_string(w) + " ranks; each micro-batch step's " +
                      std::to_string(c.micro_batch * w) + " samples split " + std::to_string(c.micro_batch) +
                      " per rank";
-  if (!PartitionsState(c))
+  if (!PartitionsState(c) && !PartitionsRanksState(o))
     return note + "; every rank holds and updates the whole state, so the plan below is each rank's" +
            "; the gradients are summed over the ranks in the backward: " +
            FormatBytes(AllReduceBytesPerRank(w, params)) +
@@ -175,8 +180,10 @@ std::string DataParallelNote(const Config& c, int64_t params) {
   else
     note += " after the update (every rank keeps the whole parameters)";
   const uint64_t gather = AllGatherBytesPerRank(w, params, dtype) * (c.zero.stage == 3 ? 2 : 1);
-  note += "; the backward's full-size gradient buffer stays on every rank; the plan below is each rank's; per rank "
-          "per step: " +
+  note += c.zero.stage >= 2 ? "; each rank keeps the gradients of its slices alone (a unit's whole fp32 gradient "
+                              "collects on the GPU in the backward and is reduce-scattered once final)"
+                            : "; every rank keeps each unit's whole gradient (only its slice reduced)";
+  note += "; the plan below is each rank's; per rank per step: " +
           FormatBytes(ReduceScatterBytesPerRank(w, params)) + " sent and as much received reduce-scattering the fp32 "
           "gradients, " + (c.zero.stage == 3 ? "about " : "") + FormatBytes(gather) +
           " sent and as much received all-gathering the parameters" +
@@ -184,8 +191,8 @@ std::string DataParallelNote(const Config& c, int64_t params) {
   return note;
 }
 
-std::string DataParallel::Describe(const Config& c, int64_t params) const {
-  return DataParallelNote(c, params) + "; this is rank " + std::to_string(rank()) + " of " +
+std::string DataParallel::Describe(const TrainOptions& o, int64_t params) const {
+  return DataParallelNote(o, params) + "; this is rank " + std::to_string(rank()) + " of " +
          std::to_string(world()) + " (" + std::string(comm_->backend()) + ")";
 }
 

@@ -47,8 +47,11 @@
 //              engine/param_gather.h). At world size 1 the path is taken only with
 //              TrainOptions::partition_at_world_one (one slice per unit:
 //              the tests and measurements of the path on one GPU).
-//              Stage 1 reduce-scatters too (it is stage 2 here; neither
-//              frees the backward's full-size gradient buffer). In a
+//              Stage 1 reduce-scatters too, and keeps each unit's whole
+//              gradient (only its slice reduced); from stage 2 each rank's
+//              gradient tensors hold its slices alone (Shard::grad_slice:
+//              the unit's whole fp32 gradient collects on the GPU, in the
+//              step's accumulator, and is reduce-scattered once final). In a
 //              checkpoint each rank writes its own slices, and a resume at
 //              any world size reshards them (engine/checkpoint.h). The
 //              plan is per rank (PlanInputs::zero_partitions) and Describe
@@ -90,17 +93,22 @@ class DataParallel {
   // InvalidArgument when the batch sizes break the rule or the launcher's
   // ranks differ from the config's world size; Unavailable without MPI
   // (CPU) or NCCL (CUDA), or when the rendezvous does not complete.
+  // `largest_unit`: the model's largest unit's elements (the rounds'
+  // bound, RoundsFor).
   static Result<std::unique_ptr<DataParallel>> Create(const Config& c, kernels::Backend* backend, int device,
-                                                      double timeout_s);
-  // The collectives' staging buffer (engine/staged_collectives.h): the
-  // whole one at ZeRO stage >= 1, 1 MiB at stage 0 (its scalars and
-  // gradient statistics only; the gradients' all-reduce runs in place).
-  static size_t StageBytes(const Config& c);
+                                                      double timeout_s, int64_t largest_unit);
+  // The collectives' rounds and staging buffer (engine/staged_collectives.h):
+  // at ZeRO stage >= 1 from zero_optimization's reduce_bucket_size and
+  // allgather_bucket_size, capped at what a round of the `largest_unit`
+  // needs (0: unknown, the 32 MiB default staging); 1 MiB at stage 0 (its
+  // scalars and gradient statistics only; the gradients' all-reduce runs in
+  // place).
+  static StagedCollectives::Rounds RoundsFor(const Config& c, int64_t largest_unit);
   // For tests and embedders: over a given communicator. A communicator of
   // device memory (NCCL) needs the `backend` whose memory and stream it
   // uses; MPI's takes none.
   static Result<std::unique_ptr<DataParallel>> Over(std::unique_ptr<comm::Communicator> comm, const Config& c,
-                                                    kernels::Backend* backend = nullptr);
+                                                    kernels::Backend* backend = nullptr, int64_t largest_unit = 0);
 
   int rank() const { return comm_->rank(); }
   int world() const { return comm_->world_size(); }
@@ -140,7 +148,7 @@ class DataParallel {
   Status SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinite);
 
   // DataParallelNote and "this is rank 0 of 2 (mpi)", for the log.
-  std::string Describe(const Config& c, int64_t params) const;
+  std::string Describe(const TrainOptions& o, int64_t params) const;
 
  private:
   explicit DataParallel(std::unique_ptr<comm::Communicator> comm) : comm_(std::move(comm)) {}
@@ -164,13 +172,15 @@ Result<int> RankDevice(const comm::RankEnv& env, int visible);
 // the CPU threads become each local rank's share (env.local_world_size).
 void ShareTheMachine(const comm::RankEnv& env, TrainOptions* o);
 
-// What c.world_size ranks do, and the bytes each sends and receives per
+// What o.config.world_size ranks do (partitioned at stage >= 1 across
+// several, or at one with TrainOptions::partition_at_world_one), and the
+// bytes each sends and receives per
 // step over the communicator for `params` parameters, for --dry-run and the
 // log: stage 0, a ring all-reduce of the fp32 gradients (2 (W - 1) / W × 4
 // bytes per parameter each way); stages >= 1, a reduce-scatter of them
 // ((W - 1) / W × 4) and an all-gather of the compute-dtype parameters
 // ((W - 1) / W × its size).
-std::string DataParallelNote(const Config& c, int64_t params);
+std::string DataParallelNote(const TrainOptions& o, int64_t params);
 // Those bytes.
 uint64_t AllReduceBytesPerRank(int world, int64_t params);
 uint64_t ReduceScatterBytesPerRank(int world, int64_t params);

@@ -48,6 +48,7 @@ Status ModelState::CreateShards(const Plan& plan) {
       const FlatSlice own = FlatSliceOf(u.numel, static_cast<int>(W), layout_.rank);
       s.slice_off = own.off;
       s.slice_len = own.len;
+      s.grad_slice = layout_.partitions_grads();
     }
     // offload_optimizer.ratio < 1: the first plan.optimizer_gpu_shards shards
     // (forward order) keep optimizer state, gradients and parameters on the GPU.
@@ -65,14 +66,14 @@ Status ModelState::CreateShards(const Plan& plan) {
       ASSIGN_OR_RETURN(s.p, store_->Create(s.name + ".p", layout_.dtype, shape, s.p_home));
       param_shard_[s.p.value] = shards_.size();
     }
-    ASSIGN_OR_RETURN(s.g, store_->Create(s.name + ".g", layout_.grad_dtype, shape, s.g_home));
+    ASSIGN_OR_RETURN(s.g, store_->Create(s.name + ".g", layout_.grad_dtype, Shape{s.g_numel()}, s.g_home));
     ASSIGN_OR_RETURN(s.w, store_->Create(s.name + ".w", DType::kF32, opt_shape, s.opt_home));
     ASSIGN_OR_RETURN(s.m, store_->Create(s.name + ".m", layout_.moment_dtype, opt_shape, s.opt_home));
     ASSIGN_OR_RETURN(s.v, store_->Create(s.name + ".v", layout_.moment_dtype, opt_shape, s.opt_home));
     if (s.partitioned) {
       ASSIGN_OR_RETURN(s.ps, store_->Create(s.name + ".ps", layout_.dtype, opt_shape, TierKind::kHost));
     }
-    if (accum_across && u.kind == UnitKind::kBlock && layout_.grad_dtype != DType::kF32) {
+    if (accum_across && u.kind == UnitKind::kBlock && !layout_.grad_is_accumulator()) {
       ASSIGN_OR_RETURN(s.gacc, store_->Create(s.name + ".gacc", DType::kF32, shape, s.g_home));
     }
     shards_.push_back(std::move(s));
@@ -265,7 +266,7 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
   // Gradients start as zeros so that padding never holds garbage.
   if (zeros.size() != n) zeros.assign(n, 0.f);
-  RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), n * DTypeSize(layout_.grad_dtype)));
+  RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), static_cast<size_t>(s.g_numel()) * DTypeSize(layout_.grad_dtype)));
   // Write-through to the homes that are not the copy written (NVMe state).
   for (TensorId id : {s.g, s.w, s.m, s.v}) {
     ASSIGN_OR_RETURN(TensorInfo info, store_->Info(id));

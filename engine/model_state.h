@@ -58,7 +58,7 @@ struct Shard {
   int64_t numel = 0;
   TensorId p, g, w, m, v;  // params (dtype), grads (grad dtype), master (f32), exp_avg, exp_avg_sq (moment dtype)
   TensorId w2, m2, v2;     // the speculative update's other set (host, same dtypes; invalid when unused)
-  TensorId gacc;           // micro-batch-major, bf16/fp16 blocks: the fp32 gradient accumulator
+  TensorId gacc;           // micro-batch-major blocks whose `g` is not the accumulator: the fp32 one
   TierKind p_home = TierKind::kGpu, g_home = TierKind::kGpu, opt_home = TierKind::kGpu;
   // Partitioned (above): this rank's slice of the flat state, and its new
   // compute-dtype parameters (host, slice_pad). Unpartitioned: the whole
@@ -68,6 +68,14 @@ struct Shard {
   TensorId ps;
   // The elements w, m, v (and w2, m2, v2) hold.
   int64_t opt_numel() const { return partitioned ? slice_pad : numel; }
+  // ZeRO stage >= 2 (Layout::partitions_grads): `g` holds this rank's slice
+  // alone (slice_pad elements, the slice at 0); else the whole unit, the
+  // slice at slice_off. A slice-only `g` is never the backward's
+  // accumulator: the whole unit's fp32 gradient collects outside it (the
+  // step's accumulator, or `gacc`) and its slice is copied in once final.
+  bool grad_slice = false;
+  int64_t g_numel() const { return grad_slice ? slice_pad : numel; }
+  int64_t g_off() const { return grad_slice ? 0 : slice_off; }
 };
 
 // All-gathers `count` elements of `dtype` from every rank (`send`: host
@@ -92,6 +100,11 @@ class ModelState {
     // Stage 3: the parameters are partitioned too (no shard has `p`: each
     // use gathers them, engine/param_gather.h).
     bool gathers_params() const { return partitioned() && zero_stage >= 3; }
+    // Stage >= 2: the gradients too (Shard::grad_slice).
+    bool partitions_grads() const { return partitioned() && zero_stage >= 2; }
+    // The store's fp32 gradient is the backward's accumulator (fp32
+    // training, whole gradients); else the accumulator is outside it.
+    bool grad_is_accumulator() const { return grad_dtype == DType::kF32 && !partitions_grads(); }
     DType moment_dtype = DType::kF32;  // exp_avg, exp_avg_sq: kF32, or kBF16 (bf16.bf16_optimizer_states)
   };
   // Creates every tensor with its home from the plan: the shards (the first

@@ -75,8 +75,10 @@ struct Sizes {
   bool emb_gpu = false, lnf_gpu = false;
   uint64_t param_all = 0;
   // Gradients are stored in one dtype wherever they live (fp32 accumulation
-  // happens in the working set's accumulator).
+  // happens in the working set's accumulator); ZeRO stage >= 2 keeps this
+  // rank's slices of them: of the GPU-state shards' / the others'.
   uint64_t gb = 4, grad_gpu_all = 0;
+  uint64_t g_gpuN = 0, g_restN = 0;
   // Optimizer state per parameter: the fp32 master and the two moments.
   uint64_t opt_pp = 12;
   // One layer's inputs: of all micro-batches (layer-major) or of the one in
@@ -119,10 +121,13 @@ Sizes SizesFor(const PlanInputs& in) {
   z.A = static_cast<uint64_t>(std::max<int64_t>(1, in.grad_accum));
   z.param_all = z.n * in.param_bytes;
   z.gb = in.grad_host_bytes;
-  z.grad_gpu_all = z.n * z.gb;
+  z.g_gpuN = in.partitions_grads ? z.opt_gpuN : z.gpuN;
+  z.g_restN = in.partitions_grads ? z.opt_restN : z.restN;
+  z.grad_gpu_all = (z.g_gpuN + z.g_restN) * z.gb;
   z.opt_pp = 4 + 2 * in.moment_bytes;
   z.ck_set = (in.layer_major ? z.A : 1) * in.checkpoint_bytes;
-  z.acc_pp = !in.layer_major && z.A > 1 && z.gb != 4 ? 4 : 0;
+  // (fp32 gradients are their own accumulators, but for slices.)
+  z.acc_pp = !in.layer_major && z.A > 1 && (z.gb != 4 || in.partitions_grads) ? 4 : 0;
   z.acc_all = z.n * z.acc_pp;
   z.ck_sets = z.L + 1;
   z.layer_p = in.layer_params * in.param_bytes;
@@ -186,7 +191,7 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
   // GPU bytes of the GPU-state shards beyond what this placement keeps there
   // anyway (their optimizer state, their gradients when the others' leave,
   // their blocks' parameters when the others stream).
-  const uint64_t split_gpu = z.opt_gpuN * z.opt_pp + (c.grads == kH ? z.gpuN * (z.gb + z.acc_pp) : 0) +
+  const uint64_t split_gpu = z.opt_gpuN * z.opt_pp + (c.grads == kH ? z.g_gpuN * z.gb + z.gpuN * z.acc_pp : 0) +
                              (c.params != kG ? z.gpu_blocks_p : 0);
   int depth = 0;
   if (in.gathers_params) {
@@ -209,10 +214,11 @@ void PlaceState(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
   if (c.grads == kG) {
     grow.gpu = z.grad_gpu_all + z.acc_all;
   } else {
-    grow.gpu = z.gpuN * (z.gb + z.acc_pp);
-    grow.host = z.restN * (z.gb + z.acc_pp);
+    grow.gpu = z.g_gpuN * z.gb + z.gpuN * z.acc_pp;
+    grow.host = z.g_restN * z.gb + z.restN * z.acc_pp;
   }
   grow.kind = z.gb == 4 ? "gradients (fp32)" : c.grads == kG ? "gradients (bf16)" : "gradients (bf16 on the host)";
+  if (in.partitions_grads) grow.kind += ", this rank's slices";
   orow.gpu = z.opt_gpuN * z.opt_pp;
   (c.optimizer == kG ? orow.gpu : c.optimizer == kH ? orow.host : orow.nvme) += z.opt_restN * z.opt_pp;
   if (c.optimizer == kN && z.restN > 0) orow.host = z.opt_staging;
@@ -276,9 +282,16 @@ void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
     // resident; the embedding's and ln_f's when the blocks stream: streamed
     // ones come back through the uploads above). The GPU-state shards' stay
     // on the GPU.
-    p->d2h += z.restN * z.gb;
+    p->d2h += z.g_restN * z.gb;
     // (Stage 3: the update writes the host slices, which the gathers read.)
     if (!in.gathers_params) p->h2d += p->params_resident ? z.restN * in.param_bytes : z.emb_rest_p;
+  }
+  // Stage 3: each gather uploads this rank's slice of the unit (forward and
+  // backward of every pass; a unit still held from its last use is not
+  // gathered again, so this is the most).
+  if (in.gathers_params) {
+    const uint64_t W = static_cast<uint64_t>(std::max(in.zero_partitions, 1));
+    p->h2d += 2 * passes * ((z.n + W - 1) / W) * in.param_bytes;
   }
   // Host checkpoints go down in the forward and come back for the backward,
   // but for the head's input (x_L, the last set: on the host only when none

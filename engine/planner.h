@@ -109,6 +109,12 @@ struct PlanInputs {
   // is empty and no placement streams them.
   bool partitioned = false;
   bool gathers_params = false;
+  // Stage >= 2 (with `partitioned`): the rank keeps the gradient of its
+  // slice of every unit alone, 1/zero_partitions of them, in the gradients'
+  // tier (the whole unit's still accumulates in fp32 in the working set,
+  // and micro-batch-major with accumulation in per-block fp32 accumulators
+  // beside them, which stay whole).
+  bool partitions_grads = false;
   // The host tier's own allocations beside the state (a row of their own):
   // each is rounded up to `host_alignment`, and with state on NVMe the
   // store's staging buffers take `nvme_staging_bytes`.

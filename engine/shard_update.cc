@@ -71,7 +71,7 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
   const TensorId pid = sh.partitioned ? sh.ps : sh.p;
   const TierKind ptier = sh.partitioned && !ctx_.cuda() ? TierKind::kHost : TierKind::kGpu;
   ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, ptier, Access::kWriteDiscard));
-  const void* grad = static_cast<const char*>(g.data) + sh.slice_off * DTypeSize(lay.grad_dtype);
+  const void* grad = static_cast<const char*>(g.data) + sh.g_off() * DTypeSize(lay.grad_dtype);
   const optim::AdamShard a =
       AdamView(lay, static_cast<uint64_t>(sh.slice_len), static_cast<float*>(w.data), m.data, v.data, grad, p.data);
   void* s = nullptr;
@@ -102,8 +102,9 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
   // Host optimizer (state on the host or streamed from NVMe through it).
   const bool grad_acquired = sh.g_home != TierKind::kGpu;  // (else it came down into the staging)
   ASSIGN_OR_RETURN(const void* whole_grad, HostGradient(sh, j.step));
-  // Partitioned: the rank's slice of the gradient, the one reduced over the ranks.
-  const void* grad = static_cast<const char*>(whole_grad) + sh.slice_off * DTypeSize(lay.grad_dtype);
+  // Partitioned: the rank's slice of the gradient, the one reduced over the
+  // ranks (at stage >= 2 all that `g` holds).
+  const void* grad = static_cast<const char*>(whole_grad) + sh.g_off() * DTypeSize(lay.grad_dtype);
   const bool spec = how.speculative;
   const Access state_access = spec ? Access::kRead : Access::kReadWrite;
   ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
@@ -172,7 +173,7 @@ Result<const void*> HostShardUpdate::HostGradient(Shard& sh, int64_t job_step) {
   }
   ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
   auto t = ctx_.copies->Copy(job_step, CopyDirection::kDeviceToHost, grad_staging_.data(), g.data,
-                             static_cast<uint64_t>(sh.numel) * DTypeSize(ctx_.state->layout().grad_dtype));
+                             static_cast<uint64_t>(sh.g_numel()) * DTypeSize(ctx_.state->layout().grad_dtype));
   Status cs = t.ok() ? t->Wait() : t.status();
   RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
   RETURN_IF_ERROR(cs);

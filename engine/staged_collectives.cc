@@ -13,24 +13,38 @@ size_t Within(size_t begin, size_t len, size_t limit) { return begin >= limit ? 
 
 }  // namespace
 
+StagedCollectives::Rounds StagedCollectives::RoundsFor(int world, uint64_t reduce_bucket, uint64_t gather_bucket,
+                                                       DType gather_dtype, int64_t largest_unit) {
+  const size_t W = static_cast<size_t>(std::max(world, 1));
+  const size_t slice = std::max<size_t>(1, (static_cast<size_t>(std::max<int64_t>(largest_unit, 1)) + W - 1) / W);
+  auto per_rank = [&](uint64_t bucket) { return std::clamp<size_t>(static_cast<size_t>(bucket) / W, 1, slice); };
+  Rounds r;
+  r.reduce_len = per_rank(reduce_bucket);
+  r.gather_len = per_rank(gather_bucket);
+  r.stage_bytes = (W + 1) * std::max({r.reduce_len * 4, r.gather_len * DTypeSize(gather_dtype), size_t{8}});
+  return r;
+}
+
 Result<StagedCollectives> StagedCollectives::Create(comm::Communicator* comm, kernels::Backend* backend,
-                                                    size_t stage_bytes) {
+                                                    Rounds rounds) {
   const size_t W = static_cast<size_t>(comm->world_size());
-  if (stage_bytes < (W + 1) * 8)
-    return InvalidArgument("StagedCollectives: a staging buffer of " + std::to_string(stage_bytes) +
+  if (rounds.stage_bytes < (W + 1) * 8)
+    return InvalidArgument("StagedCollectives: a staging buffer of " + std::to_string(rounds.stage_bytes) +
                            " bytes cannot hold one 8-byte element per rank and this rank's own (" +
                            std::to_string(W + 1) + " elements)");
-  StagedCollectives s(comm, backend, stage_bytes);
+  if (rounds.reduce_len == 0 || rounds.gather_len == 0)
+    return InvalidArgument("StagedCollectives: a round of no elements");
+  StagedCollectives s(comm, backend, rounds);
   if (backend) {
-    ASSIGN_OR_RETURN(s.stage_dev_, backend->Allocate(stage_bytes));
+    ASSIGN_OR_RETURN(s.stage_dev_, backend->Allocate(rounds.stage_bytes));
   } else {
-    s.stage_host_.resize(stage_bytes);
+    s.stage_host_.resize(rounds.stage_bytes);
   }
   return s;
 }
 
-size_t StagedCollectives::Chunk(size_t element_bytes) const {
-  return stage_bytes_ / ((static_cast<size_t>(comm_->world_size()) + 1) * element_bytes);
+size_t StagedCollectives::Chunk(size_t element_bytes, size_t len) const {
+  return std::min(len, rounds_.stage_bytes / ((static_cast<size_t>(comm_->world_size()) + 1) * element_bytes));
 }
 
 Status StagedCollectives::HostToBackend(void* b, const void* h, size_t bytes) {
@@ -56,7 +70,7 @@ Status StagedCollectives::Zero(void* b, size_t bytes) {
 
 Status StagedCollectives::ReduceScatterFlat(float* f32, int64_t numel, int64_t slice_pad) {
   const size_t W = static_cast<size_t>(comm_->world_size()), r = static_cast<size_t>(comm_->rank());
-  const size_t n = static_cast<size_t>(numel), pad = static_cast<size_t>(slice_pad), b = Chunk(4);
+  const size_t n = static_cast<size_t>(numel), pad = static_cast<size_t>(slice_pad), b = Chunk(4, rounds_.reduce_len);
   for (size_t c = 0; c < pad; c += b) {
     const size_t len = std::min(b, pad - c);
     float* all = reinterpret_cast<float*>(stage());  // every rank's piece of this round, W × len
@@ -76,7 +90,7 @@ Status StagedCollectives::ReduceScatterFlat(float* f32, int64_t numel, int64_t s
 
 Status StagedCollectives::AllGather(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems,
                                     bool recv_on_backend) {
-  const size_t W = static_cast<size_t>(comm_->world_size()), es = DTypeSize(dtype), b = Chunk(es);
+  const size_t W = static_cast<size_t>(comm_->world_size()), es = DTypeSize(dtype), b = Chunk(es, rounds_.gather_len);
   if (recv_elems > W * count)
     return InvalidArgument("StagedCollectives::AllGather: " + std::to_string(recv_elems) +
                            " elements asked of a gather of " + std::to_string(W) + " × " + std::to_string(count));

@@ -16,7 +16,10 @@
 //            stage_bytes / ((world + 1) × element size): the staging holds
 //            the world's pieces and this rank's separately, so neither the
 //            gather nor the reduce-scatter is in place (the host
-//            reductions are: comm/ maps that to MPI_IN_PLACE).
+//            reductions are: comm/ maps that to MPI_IN_PLACE). The
+//            gradient's reduce-scatter and the gathers are bounded further
+//            by DeepSpeed's bucket sizes (Rounds): a round of either moves
+//            at most that many elements over all the ranks.
 //   order    on the CUDA backend the copies into and out of the staging are
 //            ordered with the collectives on the backend's stream. The
 //            gathers and the host reductions return once their result is
@@ -30,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstddef>
 #include <vector>
 
 #include "base/dtype.h"
@@ -44,10 +48,26 @@ class StagedCollectives {
   // The staging's size; it bounds a round (above).
   static constexpr size_t kStageBytes = 32ull << 20;
 
+  // How the rounds are sized: the staging's bytes, and the elements per rank
+  // of a round of ReduceScatterFlat and of AllGather.
+  struct Rounds {
+    size_t stage_bytes = kStageBytes;
+    size_t reduce_len = SIZE_MAX, gather_len = SIZE_MAX;
+  };
+  // From zero_optimization's reduce_bucket_size and allgather_bucket_size
+  // (elements over all `world` ranks; at least one per rank), the staging
+  // just large enough for either round (the gathers' of `gather_dtype`) and
+  // never larger than the `largest_unit`'s elements need.
+  static Rounds RoundsFor(int world, uint64_t reduce_bucket, uint64_t gather_bucket, DType gather_dtype,
+                          int64_t largest_unit);
+
   // `comm` (not owned) carries the collectives; `backend` (not owned, may be
   // null: host memory) is whose memory and stream they use.
+  static Result<StagedCollectives> Create(comm::Communicator* comm, kernels::Backend* backend, Rounds rounds);
   static Result<StagedCollectives> Create(comm::Communicator* comm, kernels::Backend* backend,
-                                          size_t stage_bytes = kStageBytes);
+                                          size_t stage_bytes = kStageBytes) {
+    return Create(comm, backend, Rounds{stage_bytes});
+  }
   StagedCollectives(StagedCollectives&&) = default;
   StagedCollectives& operator=(StagedCollectives&&) = default;
 
@@ -66,13 +86,15 @@ class StagedCollectives {
   // `count` elements of `dtype` (host memory) reduced over the ranks in place.
   Status AllReduceHost(void* v, size_t count, DType dtype, comm::ReduceOp op);
 
-  size_t stage_bytes() const { return stage_bytes_; }
+  size_t stage_bytes() const { return rounds_.stage_bytes; }
+  const Rounds& rounds() const { return rounds_; }
 
  private:
-  StagedCollectives(comm::Communicator* comm, kernels::Backend* backend, size_t stage_bytes)
-      : comm_(comm), backend_(backend), stage_bytes_(stage_bytes) {}
+  StagedCollectives(comm::Communicator* comm, kernels::Backend* backend, Rounds rounds)
+      : comm_(comm), backend_(backend), rounds_(rounds) {}
   uint8_t* stage() { return backend_ ? stage_dev_.as<uint8_t>() : stage_host_.data(); }
-  size_t Chunk(size_t element_bytes) const;
+  // Elements per rank of a round of `element_bytes` each, at most `len`.
+  size_t Chunk(size_t element_bytes, size_t len = SIZE_MAX) const;
   void* stream() const { return backend_ ? backend_->native_stream() : nullptr; }
   // Copies between host memory (h) and backend memory (b), and zeros.
   Status HostToBackend(void* b, const void* h, size_t bytes);
@@ -82,7 +104,7 @@ class StagedCollectives {
 
   comm::Communicator* comm_;
   kernels::Backend* backend_;
-  size_t stage_bytes_;
+  Rounds rounds_;
   kernels::DeviceBuffer stage_dev_;  // with a backend
   std::vector<uint8_t> stage_host_;  // without
 };

@@ -21,7 +21,7 @@ Result<StepBuffers> StepBuffers::Allocate(GpuTier* gt, const models::ModelSpec& 
   ASSIGN_OR_RETURN(b.losses, gt->Allocate(static_cast<uint64_t>(ABT) * 4, "losses"));
   b.stats_bytes = 64 + 4 * spec.units.size();
   ASSIGN_OR_RETURN(b.stats, gt->Allocate(std::max<size_t>(256, b.stats_bytes), "gradient statistics"));
-  if (z.grad_dtype != DType::kF32) {
+  if (z.accumulators) {
     auto acc = [&](int unit, const char* what) {
       return gt->Allocate(static_cast<uint64_t>(spec.units[static_cast<size_t>(unit)].numel) * 4, what);
     };

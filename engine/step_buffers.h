@@ -4,9 +4,9 @@
 // everything the step touches: the block's recompute scratch, the head's,
 // the residual-stream gradients (one per micro-batch set), an activation
 // for evaluation, tokens/targets/losses of every micro-batch, the gradient
-// statistics, and — when the optimizer reads gradients in a narrower dtype
-// than fp32 — the fp32 accumulators of one block, the embedding and the
-// final unit.
+// statistics, and — when the store's gradient is not the backward's
+// accumulator (narrower than fp32, or a ZeRO slice) — the fp32
+// accumulators of one block, the embedding and the final unit.
 //
 // Allocated before the model's tensors (the working set must be there
 // whatever the store caches). Ownership: owns its blocks (returned to the
@@ -29,7 +29,11 @@ struct StepBuffers {
     size_t block_scratch = 0, head_scratch = 0;
     int64_t batch = 1, seq = 1, micro_batches = 1;
     int64_t residual_sets = 1;  // layer-major: one per micro-batch; else one
-    DType dtype = DType::kF32, grad_dtype = DType::kF32;
+    DType dtype = DType::kF32;
+    // The fp32 accumulators below (ModelState::Layout::grad_is_accumulator
+    // false: the gradients the optimizer reads are narrower than fp32, or
+    // ZeRO stage >= 2 keeps only a slice of them).
+    bool accumulators = false;
   };
   static Result<StepBuffers> Allocate(GpuTier* gpu, const models::ModelSpec& spec, const Sizes& sizes);
 
@@ -40,7 +44,7 @@ struct StepBuffers {
   // The squared norm (float, at 0) and each unit's non-finite count (int32
   // per unit, from byte 64).
   TierBlock stats;
-  TierBlock block_acc, embedding_acc, final_acc;  // fp32 accumulators (grad dtype not fp32)
+  TierBlock block_acc, embedding_acc, final_acc;  // fp32 accumulators (Sizes::accumulators)
 
   size_t stats_bytes = 0;
   float* sumsq() const { return stats.as<float>(); }

@@ -170,8 +170,11 @@ Status StepEnv::FinishGrad(int unit, void* acc, bool acquired) {
       RETURN_IF_ERROR(backend_->GradStats(mine, DType::kF32, sh.slice_len, buffers_->sumsq(), buffers_->nonfinite(u)));
   }
   if (!acquired) {
+    // (A slice-only gradient takes the rank's slice; its padding is never read.)
     ASSIGN_OR_RETURN(void* g, access_->Acquire(sh.g, Access::kWriteDiscard));
-    if (computes()) RETURN_IF_ERROR(backend_->Cast(g, state_->layout().grad_dtype, acc, DType::kF32, sh.numel));
+    const float* from = static_cast<const float*>(acc) + (sh.grad_slice ? sh.slice_off : 0);
+    const int64_t n = sh.grad_slice ? sh.slice_len : sh.numel;
+    if (computes() && n > 0) RETURN_IF_ERROR(backend_->Cast(g, state_->layout().grad_dtype, from, DType::kF32, n));
   }
   return access_->Release(sh.g, true);
 }

@@ -8,12 +8,14 @@
 //
 // Its gradient policy: every gradient accumulates over the step's
 // micro-batches in fp32 on the GPU — in the store's fp32 gradient itself
-// when the optimizer reads fp32, else in fp32 scratch (one block's, the
+// when the optimizer reads fp32 and the gradient is whole
+// (ModelState::Layout::grad_is_accumulator), else in fp32 scratch (one block's, the
 // embedding's, the final unit's; micro-batch-major with accumulation: a
 // block's persistent accumulator in the store) — and is finished once, when
 // the step's last micro-batch is done with it: its squared norm (summed over
 // all units in the backward's order) and non-finite count are taken on the
-// GPU, it is rounded into the store's gradient, which leaves for its home at
+// GPU, it is rounded into the store's gradient (ZeRO stage >= 2: its
+// slice alone, Shard::grad_slice), which leaves for its home at
 // once (the prefetcher queues the write-back at its release), and the
 // optimizer is told (Hooks::grad_final); with several ranks it is first
 // summed over them (Hooks::reduce_grad). Before the step's first use of a
@@ -138,8 +140,9 @@ class StepEnv final : public models::PassEnv {
   std::string NameOf(const models::PassTensor& t) const;
   static constexpr double kTracedWait = 50e-6;
   bool accumulates_across() const { return !shape_.layer_major && shape_.micro_batches > 1; }
-  bool f32() const { return state_->layout().grad_dtype == DType::kF32; }
-  // The fp32 scratch accumulator of unit u (grad dtype not fp32).
+  // The store's gradient is the accumulator (else the scratch or `gacc` is).
+  bool f32() const { return state_->layout().grad_is_accumulator(); }
+  // The fp32 scratch accumulator of unit u (f32() false).
   void* ScratchAccumulator(int unit) const;
   Status FinishGrad(int unit, void* acc, bool acquired);
 

@@ -69,7 +69,7 @@ Result<StepPrefetcher> StartStepPrefetcher(TierStore* store, AccessSchedule s, c
   for (const Shard& sh : state.shards()) {
     if (sh.opt_home == TierKind::kGpu) continue;
     if (sh.p_home == TierKind::kGpu) opt_h2d += static_cast<uint64_t>(sh.numel) * DTypeSize(lay.dtype);
-    if (sh.g_home == TierKind::kGpu) opt_d2h += static_cast<uint64_t>(sh.numel) * DTypeSize(lay.grad_dtype);
+    if (sh.g_home == TierKind::kGpu) opt_d2h += static_cast<uint64_t>(sh.g_numel()) * DTypeSize(lay.grad_dtype);
   }
   StepPrefetcher out;
   out.traffic.h2d = traffic.back().load_bytes + opt_h2d;

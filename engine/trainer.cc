@@ -120,7 +120,7 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(const int device, RankShare(&opt));  // several ranks: this one's share of the machine first
   ASSIGN_OR_RETURN(backend, MakeBackend(opt, device));
   if (TakesRanksPath(opt)) {
-    ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s));
+    ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s, spec.largest_unit()));
     if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
   }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
@@ -150,15 +150,6 @@ Status Trainer::Impl::Setup() {
   ASSIGN_OR_RETURN(data, DataLoader::Open(c.data, opt.default_data, static_cast<int>(spec.vocab_size),
                                           static_cast<int>(c.micro_batch), static_cast<int>(c.model.seq_len)));
   if (dp) data->SetRanks(dp->rank(), dp->world());
-  // The step's scratch first: the working set must be there whatever the store caches.
-  StepBuffers::Sizes z;
-  z.block_scratch = program->block_scratch_bytes();
-  z.head_scratch = program->head_scratch_bytes();
-  z.batch = c.micro_batch, z.seq = c.model.seq_len, z.micro_batches = c.grad_accum;
-  z.residual_sets = shape.layer_major ? c.grad_accum : 1;
-  z.dtype = dtype, z.grad_dtype = GradDType(dtype);
-  ASSIGN_OR_RETURN(StepBuffers b, StepBuffers::Allocate(store->gpu_tier(), spec, z));
-  buffers.emplace(std::move(b));
   ModelState::Layout lay{dtype, GradDType(dtype), c.micro_batch, c.model.seq_len, c.grad_accum, shape.layer_major};
   lay.moment_dtype = MomentDType(c);
   if (dp) {
@@ -167,6 +158,16 @@ Status Trainer::Impl::Setup() {
     lay.zero_stage = c.zero.stage;
     lay.partition_one = opt.partition_at_world_one;
   }
+  // The step's scratch first: the working set must be there whatever the store caches.
+  StepBuffers::Sizes z;
+  z.block_scratch = program->block_scratch_bytes();
+  z.head_scratch = program->head_scratch_bytes();
+  z.batch = c.micro_batch, z.seq = c.model.seq_len, z.micro_batches = c.grad_accum;
+  z.residual_sets = shape.layer_major ? c.grad_accum : 1;
+  z.dtype = dtype;
+  z.accumulators = !lay.grad_is_accumulator();
+  ASSIGN_OR_RETURN(StepBuffers b, StepBuffers::Allocate(store->gpu_tier(), spec, z));
+  buffers.emplace(std::move(b));
   ASSIGN_OR_RETURN(state, ModelState::Create(store.get(), spec, run.plan, lay, run.mode.speculative));
   if (lay.partitioned()) {
     auto gather = [this](const void* send, size_t count, DType dt, void* recv, size_t recv_elems, bool on_backend) {
@@ -359,7 +360,7 @@ Result<std::string> Trainer::DryRun(const TrainOptions& given) {
   os << ZeroStageNote(cfg) << "\n";
   if (cfg.world_size != 1) {
     RETURN_IF_ERROR(CheckBatchRule(cfg));
-    os << DataParallelNote(cfg, spec.NumParameters()) << "\n";
+    os << DataParallelNote(options, spec.NumParameters()) << "\n";
   }
   os << "model: " << spec.n_layer << " layers, d " << spec.d_model << ", " << spec.n_head << " heads, vocab "
      << spec.vocab_size << " (padded " << spec.padded_vocab << "), seq " << cfg.model.seq_len << "; "

@@ -50,7 +50,7 @@ Status Trainer::Run(std::ostream& given) {
       << c.precision() << "; batch " << c.micro_batch << " x " << c.grad_accum << " micro-batches\n";
   out << "data: " << I.data->Describe() << "\n";
   out << ZeroStageNote(c) << "\n";
-  if (I.dp) out << I.dp->Describe(c, I.spec.NumParameters()) << "\n";
+  if (I.dp) out << I.dp->Describe(I.opt, I.spec.NumParameters()) << "\n";
   out << "plan:\n" << table;
   if (I.run.budgets.gpu_overhead)
     out << "gpu: the tier's budget is the limit less " << FormatBytes(I.run.budgets.gpu_overhead)

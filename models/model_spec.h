@@ -160,6 +160,12 @@ struct ModelSpec {
   int num_units() const { return static_cast<int>(units.size()); }
   int final_unit() const { return num_units() - 1; }
   static int block_unit(int64_t layer) { return static_cast<int>(layer) + 1; }
+  // The most elements of any unit (0 without units).
+  int64_t largest_unit() const {
+    int64_t n = 0;
+    for (const UnitSpec& u : units) n = u.numel > n ? u.numel : n;
+    return n;
+  }
   // Trainable parameters as Hugging Face counts them (the tied head once, no padding).
   int64_t NumParameters() const;
   // The parameter named `name`; NotFound naming it otherwise.

@@ -179,20 +179,29 @@ TEST(Config, LegacyAndAliasSpellings) {
   EXPECT_THAT(w[1], HasSubstr("zero_optimization.stage3_max_live_parameters: accepted, no effect in strata"));
 }
 
-// DeepSpeed's fetch-heuristic and communication knobs are checked, but the
-// planner decides what they decide there: one warning names those set away
-// from DeepSpeed's default, as written; defaults say nothing.
+// DeepSpeed's fetch-heuristic knobs are checked, but the planner decides
+// what they decide there: one warning names those set away from
+// DeepSpeed's default, as written; defaults say nothing. The bucket sizes,
+// and at stage 3 the prefetch bucket and overlap_comm, are obeyed: no
+// warning names them; overlap_comm below stage 3 is not.
 TEST(Config, TuningKnobsThePlannerSupersedesWarnOnce) {
   std::vector<std::string> w;
   ASSERT_OK(Parse(R"({"zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": 5e8,
                       "max_reuse_distance": 1e9, "stage3_param_persistence_threshold": 1e6,
-                      "reduce_bucket_size": 2e8, "overlap_comm": false}})", &w).status());
+                      "reduce_bucket_size": 2e8, "allgather_bucket_size": 1e7, "overlap_comm": false,
+                      "stage3_max_live_parameters": 1e8}})", &w).status());
   ASSERT_EQ(w.size(), 1u);
-  EXPECT_THAT(w[0], HasSubstr("zero_optimization.stage3_prefetch_bucket_size, "
-                              "zero_optimization.stage3_param_persistence_threshold, "
-                              "zero_optimization.reduce_bucket_size, zero_optimization.overlap_comm: "
+  EXPECT_THAT(w[0], HasSubstr("zero_optimization.stage3_max_live_parameters, "
+                              "zero_optimization.stage3_param_persistence_threshold: "
                               "accepted, no effect in strata"));
+  for (const char* obeyed : {"stage3_prefetch_bucket_size", "reduce_bucket_size", "allgather_bucket_size",
+                             "overlap_comm"})
+    EXPECT_THAT(w[0], ::testing::Not(HasSubstr(std::string("zero_optimization.") + obeyed)));
   EXPECT_THAT(w[0], ::testing::Not(HasSubstr("max_reuse_distance")));  // 1e9 is DeepSpeed's default
+  w.clear();
+  ASSERT_OK(Parse(R"({"zero_optimization": {"stage": 2, "overlap_comm": false}})", &w).status());
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_THAT(w[0], HasSubstr("zero_optimization.overlap_comm: accepted, no effect in strata"));
   // Bad values are still errors.
   EXPECT_THAT(Parse(R"({"zero_optimization": {"stage3_prefetch_bucket_size": -1}})").status(),
               StatusIs(StatusCode::kInvalidArgument));

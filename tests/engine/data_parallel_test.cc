@@ -181,11 +181,43 @@ TEST(DataParallel, PartitionedAtWorldOneGivesThePlainLosses) {
         if (stage == 3) {
           EXPECT_THAT(partitioned_plan, HasSubstr("gathered at each use"));
         }
+        if (stage >= 2) {
+          EXPECT_THAT(partitioned_plan, HasSubstr("this rank's slices"));
+        } else {
+          EXPECT_THAT(partitioned_plan, ::testing::Not(HasSubstr("this rank's slices")));
+        }
         ASSERT_EQ(plain.size(), 3u);
         EXPECT_EQ(plain, partitioned);
       }
     }
   }
+}
+
+// DeepSpeed's bucket sizes are elements over all the ranks: a round moves
+// bucket / W of them per rank, at least one, and no more than the largest
+// unit's slice; the staging holds the larger round and this rank's piece.
+TEST(DataParallel, BucketSizesBoundTheRounds) {
+  using Rounds = StagedCollectives::Rounds;
+  const Rounds a = StagedCollectives::RoundsFor(4, 1000, 400, DType::kBF16, 10000);
+  EXPECT_EQ(a.reduce_len, 250u);
+  EXPECT_EQ(a.gather_len, 100u);
+  EXPECT_EQ(a.stage_bytes, 5u * 250 * 4);
+  const Rounds capped = StagedCollectives::RoundsFor(4, 500'000'000, 500'000'000, DType::kBF16, 101);
+  EXPECT_EQ(capped.reduce_len, 26u);  // ceil(101 / 4)
+  EXPECT_EQ(capped.gather_len, 26u);
+  EXPECT_EQ(capped.stage_bytes, 5u * 26 * 4);
+  const Rounds tiny = StagedCollectives::RoundsFor(4, 3, 1, DType::kF32, 10000);
+  EXPECT_EQ(tiny.reduce_len, 1u);
+  EXPECT_EQ(tiny.gather_len, 1u);
+  EXPECT_EQ(tiny.stage_bytes, 5u * 8);  // (room for an 8-byte scalar per rank)
+  Config c = TwoRanks().config;
+  c.zero.stage = 2;
+  c.zero.reduce_bucket_size = 64;
+  c.zero.allgather_bucket_size = 32;
+  EXPECT_EQ(DataParallel::RoundsFor(c, 10000).reduce_len, 32u);
+  EXPECT_EQ(DataParallel::RoundsFor(c, 0).stage_bytes, StagedCollectives::kStageBytes);  // (the unit unknown)
+  c.zero.stage = 0;
+  EXPECT_EQ(DataParallel::RoundsFor(c, 10000).stage_bytes, size_t{1} << 20);
 }
 
 // The GPU a rank takes: LOCAL_RANK's among all, or the one a per-rank

@@ -192,12 +192,12 @@ void CompareWithOneRank(const std::string& schedule, double clip, Placement wher
 // with a staging buffer of 64 bytes: every call takes several rounds, the
 // last one short, and the unit (23 values) does not divide by the ranks.
 // The values are small integers, so every sum is exact.
-TEST(DataParallelRanks, StagedCollectivesInRoundsAreTheWholeCollectives) {
+void ExpectStagedInRoundsAreWhole(const StagedCollectives::Rounds& rounds) {
   ASSERT_OK_AND_ASSIGN(auto c, comm::CreateMpiCommunicator(comm::CommOptions{}));
   const size_t W = static_cast<size_t>(c->world_size()), r = static_cast<size_t>(c->rank());
   ASSERT_GE(W, 2u);
   EXPECT_THAT(StagedCollectives::Create(c.get(), nullptr, 8 * W).status(), StatusIs(StatusCode::kInvalidArgument));
-  ASSERT_OK_AND_ASSIGN(StagedCollectives sc, StagedCollectives::Create(c.get(), nullptr, 64));
+  ASSERT_OK_AND_ASSIGN(StagedCollectives sc, StagedCollectives::Create(c.get(), nullptr, rounds));
 
   // The gradient's reduce-scatter: this rank's range summed, the rest its own.
   const size_t n = 23, pad = (n + W - 1) / W;
@@ -244,6 +244,15 @@ TEST(DataParallelRanks, StagedCollectivesInRoundsAreTheWholeCollectives) {
   for (size_t i = 0; i < m.size(); ++i) m[i] = static_cast<int32_t>(r * 10 + i);
   ASSERT_OK(sc.AllReduceHost(m.data(), m.size(), DType::kI32, comm::ReduceOp::kMax));
   for (size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i], static_cast<int32_t>((W - 1) * 10 + i)) << i;
+}
+
+TEST(DataParallelRanks, StagedCollectivesInRoundsAreTheWholeCollectives) {
+  ExpectStagedInRoundsAreWhole(StagedCollectives::Rounds{64});
+}
+// The bucket sizes bound the rounds below what the staging holds: 2
+// elements per rank a round of the reduce-scatter, 3 of the gathers.
+TEST(DataParallelRanks, StagedCollectivesInBucketedRoundsAreTheWholeCollectives) {
+  ExpectStagedInRoundsAreWhole(StagedCollectives::Rounds{1 << 20, 2, 3});
 }
 
 TEST(DataParallelRanks, ClippedLayerMajorGivesTheLossesOfOneRank) { CompareWithOneRank("layer-major", 1.0); }

@@ -327,7 +327,8 @@ TEST(ParamGatherOrder, IsRecordedFromTheStepsPasses) {
       z.head_scratch = program->head_scratch_bytes();
       z.batch = 2, z.seq = 16, z.micro_batches = micro;
       z.residual_sets = layer_major ? micro : 1;
-      z.dtype = z.grad_dtype = DType::kF32;
+      z.dtype = DType::kF32;
+      z.accumulators = !lay.grad_is_accumulator();  // (stage 3: the gradients are slices)
       auto buffers = StepBuffers::Allocate((*store)->gpu_tier(), *spec, z);
       ASSERT_THAT(buffers, IsOk());
       std::vector<size_t> gathers;

@@ -93,6 +93,30 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
   EXPECT_LT(third.host_total, whole.host_total);
 }
 
+// ZeRO stage 2 across W ranks: the rank's gradients are its slices, 1/W of
+// them wherever they live, and the optimizer reads (and the GPU sends down)
+// only those; stage 1 keeps them whole.
+TEST(Planner, StageTwoKeepsThisRanksGradientSlices) {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  in.grad_host_bytes = 2;
+  in.zero_partitions = 3;
+  in.partitioned = true;
+  ASSERT_OK_AND_ASSIGN(Plan one, MakePlan(in));
+  in.partitions_grads = true;
+  ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
+  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  const Plan::Row g1 = RowOf(one, "gradients"), g2 = RowOf(two, "gradients");
+  EXPECT_EQ(g1.gpu + g1.host, P * 2);
+  EXPECT_EQ(g2.gpu + g2.host, (P + 2) / 3 * 2);
+  EXPECT_THAT(g2.kind, HasSubstr("this rank's slices"));
+  EXPECT_EQ(one.d2h - two.d2h, P * 2 - (P + 2) / 3 * 2);
+  ExpectRowsAddUp(two);
+  EXPECT_LT(two.host_total + two.gpu_total, one.host_total + one.gpu_total);
+}
+
 // ZeRO stage 3: no rank holds a unit's whole parameters between uses (the
 // gathers' buffers are outside the tiers), so the parameters take no tier
 // memory, none streams, nothing is uploaded after the update, whatever
@@ -115,7 +139,9 @@ TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
   EXPECT_EQ(three.gpu_total + P * in.param_bytes, two.gpu_total);
   EXPECT_EQ(RowOf(three, "parameter slices").host, RowOf(two, "parameter slices").host);
   EXPECT_TRUE(three.params_resident);  // (nothing streams)
-  EXPECT_EQ(three.h2d + P * in.param_bytes, two.h2d);  // no uploads after the update
+  // No uploads after the update; each of the pass's two uses of a unit
+  // uploads this rank's half of it to be gathered.
+  EXPECT_EQ(three.h2d + P * in.param_bytes, two.h2d + 2 * (P / 2) * in.param_bytes);
   EXPECT_THAT(three.Table(in.gpu_budget, in.host_budget), HasSubstr("gathered at each use"));
 }
 

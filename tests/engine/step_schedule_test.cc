@@ -67,7 +67,8 @@ Recorded Record(int n_layer, int64_t micro_batches, bool layer_major, DType dtyp
   z.head_scratch = program->head_scratch_bytes();
   z.batch = 2, z.seq = 16, z.micro_batches = micro_batches;
   z.residual_sets = layer_major ? micro_batches : 1;
-  z.dtype = dtype, z.grad_dtype = grad_dtype;
+  z.dtype = dtype;
+  z.accumulators = !lay.grad_is_accumulator();
   auto buffers = StepBuffers::Allocate((*store)->gpu_tier(), *spec, z);
   EXPECT_THAT(buffers, IsOk());
   if (!buffers.ok()) return out;
