@@ -17,6 +17,7 @@
 
 #include "base/bytes.h"
 #include "comm/nccl_communicator.h"
+#include "engine/data_parallel.h"
 #include "engine/model_config.h"
 #include "engine/param_gather.h"
 #include "engine/staged_collectives.h"
@@ -137,7 +138,8 @@ TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
       EXPECT_GE(buffers, 3u);  // (the default bucket fetches ahead)
       const uint64_t gathered =
           stage == 3 ? buffers * static_cast<uint64_t>(largest) * DTypeSize(ComputeDType(o.config)) : 0;
-      EXPECT_THAT(dry, HasSubstr("gpu: " + FormatBytes((32ull << 20) + gathered) +
+      const uint64_t staging = DataParallel::RoundsFor(o.config, largest).stage_bytes;
+      EXPECT_THAT(dry, HasSubstr("gpu: " + FormatBytes(staging + gathered) +
                                  " beside the tiers for the ranks' collectives (staging" +
                                  (stage == 3 ? " and the gathered parameters" : ")")));
       for (size_t i = 0; i < plain.size(); ++i) {
