@@ -32,8 +32,8 @@
 // collectives themselves). Thread-safety: one thread (the step's).
 #pragma once
 
-#include <cstdint>
 #include <cstddef>
+#include <cstdint>
 #include <vector>
 
 #include "base/dtype.h"
