@@ -9,9 +9,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <memory>
 #include <sstream>
 
 #include "base/bytes.h"
@@ -403,7 +406,11 @@ TEST(Trainer, DeletedSwapFileStopsTheNextStepAndTheCheckpointSurvives) {
 // The swap files in `dir` overwritten in place (another process writing
 // into them, a stray dd): every value of each replaced, the size kept.
 // `seen`, when given, gets what was found (each entry, its size and what
-// failed), for the failure message.
+// failed), for the failure message. Written with O_DIRECT, as the store
+// writes them: a buffered write that collides with the store's direct
+// write-behind fails the page cache's invalidation, and the kernel then
+// reports EIO at fsync (about one run in twenty). A filesystem without
+// O_DIRECT gets a buffered write.
 int OverwriteSwapFiles(const std::string& dir, std::string* seen = nullptr) {
   int n = 0;
   std::ostringstream what;
@@ -412,15 +419,20 @@ int OverwriteSwapFiles(const std::string& dir, std::string* seen = nullptr) {
     what << " " << e.path().filename().string();
     if (!e.is_regular_file()) continue;
     what << " (" << e.file_size() << " bytes)";
-    const int fd = ::open(e.path().c_str(), O_WRONLY | O_CLOEXEC);
+    const size_t size = static_cast<size_t>(e.file_size());
+    int fd = size % 4096 == 0 ? ::open(e.path().c_str(), O_WRONLY | O_CLOEXEC | O_DIRECT) : -1;
+    if (fd < 0) fd = ::open(e.path().c_str(), O_WRONLY | O_CLOEXEC);
     if (fd < 0) {
       what << " open: " << std::strerror(errno);
       continue;
     }
-    // Plausible values (fp32 0.01), so that nothing but a checksum can tell.
-    const std::vector<float> junk(static_cast<size_t>(e.file_size()) / 4, 0.01f);
-    const auto bytes = static_cast<ssize_t>(junk.size() * 4);
-    const ssize_t wrote = ::pwrite(fd, junk.data(), static_cast<size_t>(bytes), 0);
+    // Plausible values (fp32 0.01), so that nothing but a checksum can tell;
+    // page-aligned for O_DIRECT.
+    std::unique_ptr<float, decltype(&std::free)> junk(
+        static_cast<float*>(std::aligned_alloc(4096, std::max<size_t>((size + 4095) / 4096 * 4096, 4096))), &std::free);
+    std::fill(junk.get(), junk.get() + size / 4, 0.01f);
+    const auto bytes = static_cast<ssize_t>(size / 4 * 4);
+    const ssize_t wrote = ::pwrite(fd, junk.get(), static_cast<size_t>(bytes), 0);
     if (wrote < 0)
       what << " pwrite: " << std::strerror(errno);
     else if (wrote != bytes)
