@@ -519,23 +519,20 @@ void CopyAsFloat(const SafetensorsFile& f, const SafetensorsEntry& e, size_t fir
   }
 }
 
-// The parts of a unit a resume fills: [begin, end) of its master and of its moments.
+// The part of a unit a resume fills: [begin, end) of its master and moments.
 struct KeptRange {
   int64_t begin = 0, end = 0;
   bool Overlaps(const FlatSlice& s) const { return s.len > 0 && s.off < end && s.off + s.len > begin; }
 };
-KeptRange MomentsKept(const CheckpointShard& sh) {
+KeptRange Kept(const CheckpointShard& sh) {
   if (sh.slice_len < 0) return {0, sh.numel};
   return {sh.slice_off, sh.slice_off + sh.slice_len};
 }
-KeptRange MasterKept(const CheckpointShard& sh) { return sh.whole_master ? KeptRange{0, sh.numel} : MomentsKept(sh); }
 
 // Whether rank `r` of `world`'s file holds any part this rank keeps.
 bool ReadsRankFile(const std::vector<CheckpointShard>& shards, int world, int r) {
-  for (const CheckpointShard& sh : shards) {
-    const FlatSlice fs = FlatSliceOf(sh.numel, world, r);
-    if (MasterKept(sh).Overlaps(fs) || MomentsKept(sh).Overlaps(fs)) return true;
-  }
+  for (const CheckpointShard& sh : shards)
+    if (Kept(sh).Overlaps(FlatSliceOf(sh.numel, world, r))) return true;
   return false;
 }
 
@@ -581,9 +578,9 @@ Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, cons
         CopyAsFloat(f, *f.Find(name), static_cast<size_t>(lo - fs.off), static_cast<size_t>(hi - lo),
                     dst.data() + lo);
       };
-      fill("master." + u, MasterKept(sh), w);
-      fill("exp_avg." + u, MomentsKept(sh), m);
-      fill("exp_avg_sq." + u, MomentsKept(sh), v);
+      fill("master." + u, Kept(sh), w);
+      fill("exp_avg." + u, Kept(sh), m);
+      fill("exp_avg_sq." + u, Kept(sh), v);
     }
     RETURN_IF_ERROR(sh.write(w.data(), m.data(), v.data()).WithContext("resume"));
   }

@@ -93,10 +93,7 @@ struct CheckpointShard {
   // slice_off + slice_len) (write reads no other element of its arrays), and
   // the read of that part alone from this rank's store (no collective).
   // Unpartitioned: the whole unit and no read_own.
-  // whole_master: write reads the whole master all the same (the full
-  // parameters of ZeRO stages 1-2 are rounded from it).
   int64_t slice_off = 0, slice_len = -1;  // -1: the whole unit
-  bool whole_master = false;
   std::function<Status(float* master, float* m, float* v)> read_own;
 };
 

@@ -233,7 +233,8 @@ Status ReadMoment(TierStore* store, TensorId id, DType dtype, float* x, size_t n
 
 }  // namespace
 
-Status ModelState::WriteShardState(size_t si, const float* master, const float* m, const float* v) {
+Status ModelState::WriteShardState(size_t si, const float* master, const float* m, const float* v,
+                                   bool gather_params) {
   Shard& s = shards_[si];
   const size_t n = static_cast<size_t>(s.numel);
   const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
@@ -263,7 +264,11 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
     RETURN_IF_ERROR(WriteMoment(store_, s.m, layout_.moment_dtype, m, n));
     RETURN_IF_ERROR(WriteMoment(store_, s.v, layout_.moment_dtype, v, n));
   }
-  RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
+  if (s.partitioned && gather_params) {
+    RETURN_IF_ERROR(GatherParams(si));
+  } else {
+    RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
+  }
   // Gradients start as zeros so that padding never holds garbage.
   if (zeros.size() != n) zeros.assign(n, 0.f);
   RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), static_cast<size_t>(s.g_numel()) * DTypeSize(layout_.grad_dtype)));
@@ -367,12 +372,15 @@ std::vector<CheckpointShard> ModelState::CheckpointShards() {
     c.numel = shards_[i].numel;
     c.moment_dtype = layout_.moment_dtype;
     c.read = [this, i](float* w, float* m, float* v) { return ReadShardState(i, w, m, v); };
-    c.write = [this, i](const float* w, const float* m, const float* v) { return WriteShardState(i, w, m, v); };
     const Shard& s = shards_[i];
+    // Partitioned, a resume fills this rank's slice alone; the full
+    // parameters of stages 1-2 are gathered from the ranks' slices.
+    c.write = [this, i, gather = s.partitioned](const float* w, const float* m, const float* v) {
+      return WriteShardState(i, w, m, v, gather);
+    };
     if (s.partitioned) {
       c.slice_off = s.slice_off;
       c.slice_len = s.slice_len;
-      c.whole_master = s.p.valid();
       c.read_own = [this, i](float* w, float* m, float* v) { return ReadOwnSlice(i, w, m, v); };
     }
     out.push_back(std::move(c));

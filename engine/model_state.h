@@ -158,9 +158,12 @@ class ModelState {
   // moments are rounded to nearest even, exact for values read from bf16);
   // the parameters become the master rounded to the compute dtype; the
   // gradients zeros. ReadShardState widens bf16 moments to fp32 (exact).
-  // Partitioned: this rank's slice of the arrays is written (and the full
-  // parameters, which every rank computes from the same full master).
-  Status WriteShardState(size_t s, const float* master, const float* m, const float* v);
+  // Partitioned: this rank's slice of the arrays is written, and the full
+  // parameters (stages 1-2) are the whole master's rounding, which every
+  // rank computes alike — or, with `gather_params`, the ranks' slices'
+  // roundings all-gathered (a collective, the same bits; `master` is read
+  // in this rank's slice alone: a resume reads no other rank's master).
+  Status WriteShardState(size_t s, const float* master, const float* m, const float* v, bool gather_params = false);
   // The master rounded to the compute dtype — what the CPU and GPU Adam write
   // beside it, bit for bit — written into the shard's parameters.
   Status WriteParamsFromMaster(size_t s, const float* master);

@@ -86,8 +86,7 @@ Result<std::string> SavePartitioned(const std::string& dir, const models::ModelS
 struct Loaded {
   std::vector<std::vector<float>> w, m, v;
 };
-std::vector<CheckpointShard> ResumingRank(const models::ModelSpec& spec, int rank, int world, bool whole_master,
-                                          Loaded* got) {
+std::vector<CheckpointShard> ResumingRank(const models::ModelSpec& spec, int rank, int world, Loaded* got) {
   got->w.assign(spec.units.size(), {});
   got->m.assign(spec.units.size(), {});
   got->v.assign(spec.units.size(), {});
@@ -99,7 +98,6 @@ std::vector<CheckpointShard> ResumingRank(const models::ModelSpec& spec, int ran
       const FlatSlice s = FlatSliceOf(c.numel, world, rank);
       c.slice_off = s.off;
       c.slice_len = s.len;
-      c.whole_master = whole_master;
     }
     c.write = [u, n = c.numel, got](const float* w, const float* m, const float* v) {
       got->w[u].assign(w, w + n);
@@ -113,14 +111,13 @@ std::vector<CheckpointShard> ResumingRank(const models::ModelSpec& spec, int ran
 }
 
 // Every element in [begin, end) of each unit's arrays is the saved value.
-void ExpectKept(const models::ModelSpec& spec, const Loaded& got, int world, int rank, bool whole_master) {
+void ExpectKept(const models::ModelSpec& spec, const Loaded& got, int world, int rank) {
   for (size_t u = 0; u < spec.units.size(); ++u) {
     const int64_t n = spec.units[u].numel;
     const FlatSlice s = world > 1 ? FlatSliceOf(n, world, rank) : FlatSlice{0, n};
     ASSERT_EQ(got.w[u].size(), static_cast<size_t>(n)) << spec.units[u].name;
-    const int64_t wb = whole_master ? 0 : s.off, we = whole_master ? n : s.off + s.len;
-    for (int64_t i = wb; i < we; ++i) ASSERT_EQ(got.w[u][i], Value(u, i, 0)) << spec.units[u].name << " master " << i;
     for (int64_t i = s.off; i < s.off + s.len; ++i) {
+      ASSERT_EQ(got.w[u][i], Value(u, i, 0)) << spec.units[u].name << " master " << i;
       ASSERT_EQ(got.m[u][i], Value(u, i, 1)) << spec.units[u].name << " exp_avg " << i;
       ASSERT_EQ(got.v[u][i], Value(u, i, 2)) << spec.units[u].name << " exp_avg_sq " << i;
     }
@@ -149,24 +146,23 @@ TEST(RankCheckpoint, EachRankHasItsFileAndTheManifestNamesThem) {
   EXPECT_TRUE(m["checksums"].contains("zero-rank-00000-of-00002.safetensors"));
 }
 
-// Saved at 2, resumed at 2, 3 and 1: each rank gets the parts it keeps (its
-// slice of the moments; its slice or all of the master).
+// Saved at 2, resumed at 2, 3 and 1: each rank gets the part it keeps (its
+// slice of the master and moments; at stages 1-2 the full parameters are
+// gathered from the ranks' slices, engine/model_state.h).
 TEST(RankCheckpoint, ResumesAtAnyWorldSize) {
   TempDir dir;
   const models::ModelSpec spec = TinySpec();
   ASSERT_OK(SavePartitioned(dir.path(), spec, 2).status());
   for (int world : {2, 3, 1})
-    for (int rank = 0; rank < world; ++rank)
-      for (bool whole_master : {false, true}) {
-        SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(world) +
-                     (whole_master ? ", whole master" : ""));
-        Loaded got;
-        TrainState ts;
-        ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, rank, world, whole_master, &got), &ts, nullptr));
-        EXPECT_EQ(ts.step, 7);
-        EXPECT_EQ(ts.data_position, 123u);
-        ExpectKept(spec, got, world, rank, whole_master || world == 1);
-      }
+    for (int rank = 0; rank < world; ++rank) {
+      SCOPED_TRACE("rank " + std::to_string(rank) + " of " + std::to_string(world));
+      Loaded got;
+      TrainState ts;
+      ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, rank, world, &got), &ts, nullptr));
+      EXPECT_EQ(ts.step, 7);
+      EXPECT_EQ(ts.data_position, 123u);
+      ExpectKept(spec, got, world, rank);
+    }
 }
 
 TEST(RankCheckpoint, Bf16MomentsResumeExactly) {
@@ -175,8 +171,8 @@ TEST(RankCheckpoint, Bf16MomentsResumeExactly) {
   ASSERT_OK(SavePartitioned(dir.path(), spec, 3, DType::kBF16).status());
   Loaded got;
   TrainState ts;
-  ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 2, false, &got), &ts, nullptr));
-  ExpectKept(spec, got, 2, 0, false);
+  ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 2, &got), &ts, nullptr));
+  ExpectKept(spec, got, 2, 0);
 }
 
 // A flipped byte in a rank's file is DataLoss naming it, for a rank that
@@ -191,10 +187,29 @@ TEST(RankCheckpoint, AFlippedByteInARankFileIsDataLossNamingIt) {
   std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
   Loaded got;
   TrainState ts;
-  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 1, 2, false, &got), &ts, nullptr);
+  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 1, 2, &got), &ts, nullptr);
   EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_THAT(s.ToString(), HasSubstr("zero-rank-00001-of-00002.safetensors"));
   EXPECT_TRUE(got.w[0].empty());
+}
+
+// Resumed at the world size it was saved at, a rank reads its own file
+// alone (no rank reads the whole master): rank 1's file damaged, rank 0
+// resumes all the same, and rank 1 gets the DataLoss.
+TEST(RankCheckpoint, AtTheSameWorldSizeARankReadsItsOwnFileAlone) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
+  const std::string path = step + "/zero-rank-00001-of-00002.safetensors";
+  std::string bytes = FileBytes(path);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  Loaded got;
+  TrainState ts;
+  ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 2, &got), &ts, nullptr));
+  ExpectKept(spec, got, 2, 0);
+  EXPECT_THAT(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 1, 2, &got), &ts, nullptr),
+              StatusIs(StatusCode::kDataLoss));
 }
 
 // A rank file that says it is another rank's (renamed over) is DataLoss.
@@ -215,7 +230,7 @@ TEST(RankCheckpoint, ARankFileOfAnotherRankIsDataLoss) {
   Loaded got;
   TrainState ts;
   std::ostringstream log;
-  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 1, false, &got), &ts, nullptr, &log);
+  const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 1, &got), &ts, nullptr, &log);
   EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_THAT(s.ToString(), HasSubstr("rank 1 of 2"));
 }
