@@ -29,6 +29,17 @@ PlanInputs Gpt(int64_t L, int64_t C, int64_t T, int64_t Vp, int64_t B, int64_t A
   return in;
 }
 
+// A small GPT (4 layers, C 128, T 128, vocab 256; batch 8) with room to
+// spare on both tiers and its optimizer on the host, and its parameters.
+PlanInputs SmallOffloaded() {
+  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
+  in.gpu_budget = 8 * kGiB;
+  in.host_budget = 8 * kGiB;
+  in.offload_optimizer = "cpu";
+  return in;
+}
+constexpr uint64_t kSmallParams = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+
 void ExpectRowsAddUp(const Plan& p) {
   uint64_t gpu = 0, host = 0, nvme = 0;
   for (const auto& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
@@ -56,10 +67,7 @@ TEST(Planner, SmallModelIsAllResident) {
 }
 
 TEST(Planner, ForcedCpuOptimizerIsHonoured) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
   EXPECT_EQ(p.optimizer, TierKind::kHost);
   // Adam on the host reads every gradient once and sends every parameter back.
@@ -70,15 +78,12 @@ TEST(Planner, ForcedCpuOptimizerIsHonoured) {
 // ZeRO stage >= 1 across W ranks: the rank's plan holds 1/W of the
 // optimizer state (its slices), wherever it lives.
 TEST(Planner, PartitionedOptimizerStateIsPerRank) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
   in.zero_partitions = 3;
   in.partitioned = true;
   ASSERT_OK_AND_ASSIGN(Plan third, MakePlan(in));
-  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  const uint64_t P = kSmallParams;
   EXPECT_EQ(RowOf(whole, "optimizer").host, P * 12);
   EXPECT_EQ(RowOf(third, "optimizer").host, (P + 2) / 3 * 12);
   // The parameters stay whole (stages 1, 2), and beside them the rank
@@ -97,17 +102,14 @@ TEST(Planner, PartitionedOptimizerStateIsPerRank) {
 // them wherever they live, and the optimizer reads (and the GPU sends down)
 // only those; stage 1 keeps them whole.
 TEST(Planner, StageTwoKeepsThisRanksGradientSlices) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   in.grad_host_bytes = 2;
   in.zero_partitions = 3;
   in.partitioned = true;
   ASSERT_OK_AND_ASSIGN(Plan one, MakePlan(in));
   in.partitions_grads = true;
   ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
-  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  const uint64_t P = kSmallParams;
   const Plan::Row g1 = RowOf(one, "gradients"), g2 = RowOf(two, "gradients");
   EXPECT_EQ(g1.gpu + g1.host, P * 2);
   EXPECT_EQ(g2.gpu + g2.host, (P + 2) / 3 * 2);
@@ -122,17 +124,14 @@ TEST(Planner, StageTwoKeepsThisRanksGradientSlices) {
 // memory, none streams, nothing is uploaded after the update, whatever
 // offload_param asks; the slices stay on the host.
 TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   in.zero_partitions = 2;
   in.partitioned = true;
   ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
   in.gathers_params = true;
   in.offload_param = "cpu";  // (DeepSpeed's stage-3 offload config: the slices are on the host anyway)
   ASSERT_OK_AND_ASSIGN(Plan three, MakePlan(in));
-  const uint64_t P = 4 * (12 * 128 * 128 + 13 * 128) + (256 + 128) * 128 + 2 * 128;
+  const uint64_t P = kSmallParams;
   EXPECT_EQ(RowOf(two, "parameters").gpu, P * in.param_bytes);
   const Plan::Row prow = RowOf(three, "parameters (ZeRO stage 3");
   EXPECT_EQ(prow.gpu + prow.host + prow.nvme, 0u);
@@ -244,10 +243,7 @@ TEST(Planner, BadRequests) {
 constexpr uint64_t kEmb = 49152, kBlock = 198272, kLnF = 256, kAll = kEmb + 4 * kBlock + kLnF;
 
 TEST(PlannerRatio, KeepsTheLongestForwardPrefixWithinOneMinusRatioOnTheGpu) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   ASSERT_OK_AND_ASSIGN(Plan whole, MakePlan(in));
   in.optimizer_offload_ratio = 0.5;
   ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
@@ -286,10 +282,7 @@ TEST(PlannerRatio, KeepsTheLongestForwardPrefixWithinOneMinusRatioOnTheGpu) {
 }
 
 TEST(PlannerRatio, PrefixRuleAtTheEnds) {
-  PlanInputs in = Gpt(4, 128, 128, 256, 8, 1);
-  in.gpu_budget = 8 * kGiB;
-  in.host_budget = 8 * kGiB;
-  in.offload_optimizer = "cpu";
+  PlanInputs in = SmallOffloaded();
   struct Case {
     double ratio;
     int64_t shards;

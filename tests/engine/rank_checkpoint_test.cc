@@ -175,16 +175,20 @@ TEST(RankCheckpoint, Bf16MomentsResumeExactly) {
   ExpectKept(spec, got, 2, 0);
 }
 
+// One bit of the byte in the middle of file `path` flipped in place.
+void FlipAByteOf(const std::string& path) {
+  std::string bytes = FileBytes(path);
+  bytes[bytes.size() / 2] ^= 0x10;
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+}
+
 // A flipped byte in a rank's file is DataLoss naming it, for a rank that
 // reads that file; nothing is written into the shards.
 TEST(RankCheckpoint, AFlippedByteInARankFileIsDataLossNamingIt) {
   TempDir dir;
   const models::ModelSpec spec = TinySpec();
   ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
-  const std::string path = step + "/zero-rank-00001-of-00002.safetensors";
-  std::string bytes = FileBytes(path);
-  bytes[bytes.size() / 2] ^= 0x10;
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  FlipAByteOf(step + "/zero-rank-00001-of-00002.safetensors");
   Loaded got;
   TrainState ts;
   const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 1, 2, &got), &ts, nullptr);
@@ -200,10 +204,7 @@ TEST(RankCheckpoint, AtTheSameWorldSizeARankReadsItsOwnFileAlone) {
   TempDir dir;
   const models::ModelSpec spec = TinySpec();
   ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
-  const std::string path = step + "/zero-rank-00001-of-00002.safetensors";
-  std::string bytes = FileBytes(path);
-  bytes[bytes.size() / 2] ^= 0x10;
-  std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  FlipAByteOf(step + "/zero-rank-00001-of-00002.safetensors");
   Loaded got;
   TrainState ts;
   ASSERT_OK(LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 2, &got), &ts, nullptr));
