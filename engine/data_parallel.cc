@@ -136,7 +136,9 @@ Status DataParallel::SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinit
       .WithContext("summing the non-finite gradient counts over the ranks' slices");
 }
 
-bool PartitionsState(const Config& c) { return c.world_size > 1 && c.zero.stage >= 1; }
+bool PartitionsState(const TrainOptions& o) {
+  return o.config.zero.stage >= 1 && (o.config.world_size > 1 || o.partition_at_world_one);
+}
 
 uint64_t ReduceScatterBytesPerRank(int world, int64_t params) {
   if (world <= 1) return 0;
@@ -160,7 +162,7 @@ std::string DataParallelNote(const TrainOptions& o, int64_t params) {
   std::string note = "data parallel: " + std::to_string(w) + " ranks; each micro-batch step's " +
                      std::to_string(c.micro_batch * w) + " samples split " + std::to_string(c.micro_batch) +
                      " per rank";
-  if (!PartitionsState(c) && !PartitionsRanksState(o))
+  if (!PartitionsState(o))
     return note + "; every rank holds and updates the whole state, so the plan below is each rank's" +
            "; the gradients are summed over the ranks in the backward: " +
            FormatBytes(AllReduceBytesPerRank(w, params)) +

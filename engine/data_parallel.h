@@ -185,8 +185,11 @@ std::string DataParallelNote(const TrainOptions& o, int64_t params);
 uint64_t AllReduceBytesPerRank(int world, int64_t params);
 uint64_t ReduceScatterBytesPerRank(int world, int64_t params);
 uint64_t AllGatherBytesPerRank(int world, int64_t params, DType dtype);
-// Whether c's ranks partition the state (world_size > 1, zero stage >= 1).
-bool PartitionsState(const Config& c);
+// Whether the ranks of `o` partition the state: zero stage >= 1 across
+// several, or at one with TrainOptions::partition_at_world_one (launched or
+// not: the dry run's note says what the run would do; PartitionsRanksState
+// is the run's own test, which also asks that it was launched).
+bool PartitionsState(const TrainOptions& o);
 
 // train_batch_size = micro × accumulation × world size, as DeepSpeed
 // checks it: InvalidArgument naming the four values otherwise.

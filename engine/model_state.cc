@@ -238,7 +238,6 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   Shard& s = shards_[si];
   const size_t n = static_cast<size_t>(s.numel);
   const uint64_t fbytes = static_cast<uint64_t>(s.opt_numel()) * 4;
-  std::vector<float> zeros;
   if (s.partitioned) {
     // This rank's slice, padded: read in place unless it runs past the
     // unit's end (the last rank's), so that a unit's state is not copied
@@ -269,9 +268,11 @@ Status ModelState::WriteShardState(size_t si, const float* master, const float* 
   } else {
     RETURN_IF_ERROR(WriteParamsFromMaster(si, master));
   }
-  // Gradients start as zeros so that padding never holds garbage.
-  if (zeros.size() != n) zeros.assign(n, 0.f);
-  RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), static_cast<size_t>(s.g_numel()) * DTypeSize(layout_.grad_dtype)));
+  // Gradients start as zeros so that padding never holds garbage (as many
+  // as the gradient holds: a slice's, partitioned at stage >= 2).
+  const size_t gbytes = static_cast<size_t>(s.g_numel()) * DTypeSize(layout_.grad_dtype);
+  const std::vector<float> zeros((gbytes + 3) / 4, 0.f);
+  RETURN_IF_ERROR(store_->Write(s.g, zeros.data(), gbytes));
   // Write-through to the homes that are not the copy written (NVMe state).
   for (TensorId id : {s.g, s.w, s.m, s.v}) {
     ASSIGN_OR_RETURN(TensorInfo info, store_->Info(id));
