@@ -60,6 +60,8 @@ class Communicator {
   virtual std::string_view backend() const = 0;  // "mpi", "nccl"
 
   virtual Status AllGather(const void* send, void* recv, size_t count, DType dtype, void* stream) = 0;
+  // `recv` may be `send` + rank() × count (in place); the rest of `send`
+  // is then undefined after the collective.
   virtual Status ReduceScatter(const void* send, void* recv, size_t count, DType dtype, ReduceOp op,
                                void* stream) = 0;
   // `send` may equal `recv` (in place).

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <chrono>
 #include <climits>
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <optional>
 #include <string>
@@ -118,7 +120,18 @@ class MpiCommunicator final : public Communicator {
     RETURN_IF_ERROR(CheckCount(what, count));
     ASSIGN_OR_RETURN(const MPI_Datatype t, Reducible(what, dt));
     const int n = static_cast<int>(count);
-    return Run(what, [&](MPI_Request* q) { return MPI_Ireduce_scatter_block(send, recv, n, t, Op(op), data_, q); });
+    const size_t bytes = count * DTypeSize(dt);
+    const bool in_place =
+        reinterpret_cast<uintptr_t>(send) + bytes * static_cast<size_t>(rank_) == reinterpret_cast<uintptr_t>(recv);
+    if (!in_place)
+      return Run(what, [&](MPI_Request* q) { return MPI_Ireduce_scatter_block(send, recv, n, t, Op(op), data_, q); });
+    // In place: MPI's in-place form reads the whole of `send` and leaves
+    // the result at its start, from where it moves to this rank's block.
+    void* all = const_cast<void*>(send);
+    RETURN_IF_ERROR(
+        Run(what, [&](MPI_Request* q) { return MPI_Ireduce_scatter_block(MPI_IN_PLACE, all, n, t, Op(op), data_, q); }));
+    if (rank_ > 0) std::memmove(recv, all, bytes);
+    return Status::OK();
   }
 
   Status AllReduce(const void* send, void* recv, size_t count, DType dt, ReduceOp op, void*) override {

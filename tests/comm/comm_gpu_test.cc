@@ -97,6 +97,15 @@ void CheckCollectives(Communicator& c) {
   DeviceVec<uint16_t> dsend(b * w), drecv(b);
   dsend.Set(send);
   ASSERT_OK(c.ReduceScatter(dsend.get(), drecv.get(), b, DType::kBF16, ReduceOp::kMax, s));
+  // In place (the gradients' reduce-scatter): this rank's block of the buffer receives its sum.
+  const size_t ip = 3001;
+  std::vector<float> whole(ip * w);
+  for (int k = 0; k < w; ++k)
+    for (size_t i = 0; i < ip; ++i) whole[k * ip + i] = static_cast<float>(r + 10 * k) + static_cast<float>(i % 16);
+  DeviceVec<float> dwhole(ip * w);
+  dwhole.Set(whole);
+  ASSERT_OK(c.ReduceScatter(dwhole.get(), dwhole.get() + static_cast<size_t>(r) * ip, ip, DType::kF32,
+                            ReduceOp::kSum, s));
   std::vector<int64_t> v(3, r == w - 1 ? 0 : -1);
   if (r == w - 1) v = {11, 1LL << 50, -3};
   DeviceVec<int64_t> dv(3);
@@ -123,6 +132,11 @@ void CheckCollectives(Communicator& c) {
     ASSERT_EQ(got[i], want) << i;
   }
   EXPECT_EQ(dv.Get(), (std::vector<int64_t>{11, 1LL << 50, -3}));
+  const std::vector<float> summed = dwhole.Get();
+  for (size_t i = 0; i < ip; ++i)
+    ASSERT_EQ(summed[static_cast<size_t>(r) * ip + i],
+              static_cast<float>(w * (w - 1) / 2 + w * 10 * r) + w * static_cast<float>(i % 16))
+        << i;
   cudaStreamDestroy(s);
 }
 

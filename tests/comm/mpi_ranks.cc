@@ -98,6 +98,19 @@ TEST(MpiRanks, ReduceScatterSumsEachRanksBlock) {
     ASSERT_EQ(mine[i], static_cast<float>(w * (w - 1) / 2 + w * 10 * r) + w * static_cast<float>(i % 64) * 0.25f) << i;
 }
 
+TEST(MpiRanks, ReduceScatterInPlaceLeavesEachRanksSumInItsOwnBlock) {
+  SHARED_COMM(c);
+  const int r = c.rank(), w = c.world_size();
+  const size_t n = 1031;
+  std::vector<float> buf(n * w);
+  for (int b = 0; b < w; ++b)
+    for (size_t i = 0; i < n; ++i) buf[b * n + i] = static_cast<float>(r + 10 * b) + static_cast<float>(i % 32);
+  float* mine = buf.data() + static_cast<size_t>(r) * n;
+  ASSERT_OK(c.ReduceScatter(buf.data(), mine, n, DType::kF32, ReduceOp::kSum, nullptr));
+  for (size_t i = 0; i < n; ++i)
+    ASSERT_EQ(mine[i], static_cast<float>(w * (w - 1) / 2 + w * 10 * r) + w * static_cast<float>(i % 32)) << i;
+}
+
 TEST(MpiRanks, BroadcastFromEveryRoot) {
   SHARED_COMM(c);
   const int r = c.rank(), w = c.world_size();
