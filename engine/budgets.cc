@@ -127,6 +127,7 @@ Result<RunPlan> PlanRun(const TrainOptions& o, const kernels::Backend& backend, 
   r.inputs.partitioned = PartitionsRanksState(o);
   r.inputs.gathers_params = r.inputs.partitioned && cfg.zero.stage >= 3;
   r.inputs.partitions_grads = r.inputs.partitioned && cfg.zero.stage >= 2;
+  r.inputs.second_block_accumulator = ReducesBesideBackward(o);
   ASSIGN_OR_RETURN(r.plan, MakePlan(r.inputs));
   r.mode = UpdateModeFor(cfg, r.plan, spec.num_units(), o, r.budgets.host);
   return r;

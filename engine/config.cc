@@ -317,16 +317,16 @@ Status ReadLegacyOffload(Obj& o, ZeroConfig* c, Ctx* ctx) {
 // budgets. One warning names those set to other than DeepSpeed's default,
 // so a tuned config does not look obeyed when it is not. The bucket sizes
 // are obeyed (the rounds of the ranks' collectives, engine/
-// staged_collectives.h), as are stage 3's prefetch_bucket_size and
-// overlap_comm (engine/param_gather.h); below stage 3 overlap_comm is not:
-// the gradients' reduce-scatter runs on the compute stream.
+// staged_collectives.h), as are stage 3's prefetch_bucket_size (engine/
+// param_gather.h) and overlap_comm (the gathers' stream at stage 3, and at
+// every stage the gradients' sums beside the backward: engine/
+// grad_reduce.h).
 Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
   const ZeroConfig def;
   const std::pair<std::string, bool> tuning[] = {
       {"max_live_parameters", c->max_live_parameters != def.max_live_parameters},
       {"max_reuse_distance", c->max_reuse_distance != def.max_reuse_distance},
       {"param_persistence_threshold", c->param_persistence_threshold != def.param_persistence_threshold},
-      {"overlap_comm", c->stage < 3 && c->overlap_comm != def.overlap_comm},
       {"sub_group_size", c->sub_group_size != def.sub_group_size}};
   std::string tuned;
   for (const auto& [key, changed] : tuning)
@@ -336,9 +336,7 @@ Status WarnTuningKnobs(Obj& o, ZeroConfig* c, Ctx* ctx) {
     ctx->warnings->push_back(ctx->source + ": " + tuned +
                              ": accepted, no effect in strata (the planner sets the prefetch depth and which "
                              "parameters stay on the GPU from the memory budgets, by each tensor's next use in the "
-                             "step, and updates the optimizer state a layer at a time; --dry-run shows them. "
-                             "overlap_comm takes effect at stage 3, where the parameters' gathers run on a stream "
-                             "of their own; the gradients' reduce-scatter runs on the compute stream)");
+                             "step, and updates the optimizer state a layer at a time; --dry-run shows them)");
   return Status::OK();
 }
 

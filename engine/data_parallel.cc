@@ -118,6 +118,11 @@ Status DataParallel::ReduceScatterGradient(float* f32, int64_t numel, int64_t sl
   return staged_->ReduceScatterFlat(f32, numel, slice_pad);
 }
 
+Status DataParallel::ReduceScatterInPlace(float* acc, int64_t slice_pad, void* stream) {
+  return comm_->ReduceScatter(acc, acc + static_cast<size_t>(rank()) * static_cast<size_t>(slice_pad),
+                              static_cast<size_t>(slice_pad), DType::kF32, comm::ReduceOp::kSum, stream);
+}
+
 Status DataParallel::AllGather(const void* send, size_t count, DType dtype, void* recv, size_t recv_elems,
                                bool recv_on_backend) {
   return staged_->AllGather(send, count, dtype, recv, recv_elems, recv_on_backend);
@@ -138,6 +143,14 @@ Status DataParallel::SumGradStats(double* sum_sq, std::vector<int32_t>* nonfinit
 
 bool PartitionsState(const TrainOptions& o) {
   return o.config.zero.stage >= 1 && (o.config.world_size > 1 || o.partition_at_world_one);
+}
+
+bool ReducesBesideBackward(const TrainOptions& o) {
+  const Config& c = o.config;
+  if (!TakesRanksPath(o) || !c.zero.overlap_comm) return false;
+  const bool scratch = GradDType(ComputeDType(c)) != DType::kF32 || (PartitionsRanksState(o) && c.zero.stage >= 2);
+  const bool once_per_step = c.trainer.schedule != "micro-batch-major" || c.grad_accum == 1;
+  return scratch && once_per_step;
 }
 
 uint64_t ReduceScatterBytesPerRank(int world, int64_t params) {
@@ -164,7 +177,9 @@ std::string DataParallelNote(const TrainOptions& o, int64_t params) {
                      " per rank";
   if (!PartitionsState(o))
     return note + "; every rank holds and updates the whole state, so the plan below is each rank's" +
-           "; the gradients are summed over the ranks in the backward: " +
+           (ReducesBesideBackward(o) ? "; the gradients are summed over the ranks beside the backward (overlap_comm: "
+                                       "each unit's under the next unit's backward, on a stream of its own): "
+                                     : "; the gradients are summed over the ranks in the backward: ") +
            FormatBytes(AllReduceBytesPerRank(w, params)) +
            " sent and as much received per rank per step (a ring all-reduce of fp32)";
   const int64_t slice = (params + w - 1) / w;  // (per unit in fact: about this many in all)
@@ -185,6 +200,9 @@ std::string DataParallelNote(const TrainOptions& o, int64_t params) {
   note += c.zero.stage >= 2 ? "; each rank keeps the gradients of its slices alone (a unit's whole fp32 gradient "
                               "collects on the GPU in the backward and is reduce-scattered once final)"
                             : "; every rank keeps each unit's whole gradient (only its slice reduced)";
+  note += ReducesBesideBackward(o) ? "; each unit's gradient is reduce-scattered in place beside the backward "
+                                     "(overlap_comm: under the next unit's backward, on a stream of its own)"
+                                   : "; the gradients are reduce-scattered on the compute stream as each is final";
   note += "; the plan below is each rank's; per rank per step: " +
           FormatBytes(ReduceScatterBytesPerRank(w, params)) + " sent and as much received reduce-scattering the fp32 "
           "gradients, " + (c.zero.stage == 3 ? "about " : "") + FormatBytes(gather) +

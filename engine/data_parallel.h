@@ -60,7 +60,11 @@
 //              same step (AnyStop, checked between steps).
 //   streams    on NCCL every collective is enqueued on the step's stream
 //              (the backend's): a gradient's all-reduce runs after the
-//              kernels that finished it and before its statistics. The
+//              kernels that finished it and before its statistics; with
+//              overlap_comm the gradients' sums run on a stream of their
+//              own beside the backward instead (ReducesBesideBackward,
+//              engine/grad_reduce.h), and stage 3's gathers on another
+//              (engine/param_gather.h). The
 //              scalars (SumCount, SumLoss, AnyStop) go through a small
 //              staging buffer on that stream and wait for the result.
 //
@@ -132,6 +136,12 @@ class DataParallel {
   // slice_pad, ...) lands in place in that range of `f32` (the rest keeps
   // this rank's values).
   Status ReduceScatterGradient(float* f32, int64_t numel, int64_t slice_pad);
+  // The same beside the backward (ReducesBesideBackward, engine/
+  // grad_reduce.h): `acc` holds world × slice_pad fp32 values (the unit's,
+  // then zeros), reduce-scattered in place with no staging: the sum of rank
+  // r's block lands at r × slice_pad; the other blocks are undefined after.
+  // NCCL: enqueued on `stream`; MPI: complete on return.
+  Status ReduceScatterInPlace(float* acc, int64_t slice_pad, void* stream);
   // `count` elements of `dtype` from every rank (`send`: host memory) into
   // `recv`: the first `recv_elems` of the world × count gathered (rank r's
   // at r × count), in the backend's memory when `recv_on_backend`, else in
@@ -190,6 +200,15 @@ uint64_t AllGatherBytesPerRank(int world, int64_t params, DType dtype);
 // not: the dry run's note says what the run would do; PartitionsRanksState
 // is the run's own test, which also asks that it was launched).
 bool PartitionsState(const TrainOptions& o);
+
+// Whether the ranks' gradient sums run beside the backward, on a stream of
+// their own (zero_optimization.overlap_comm; engine/grad_reduce.h): a run on
+// the ranks' path whose gradients accumulate in the step's fp32 scratch
+// (the store's gradient is narrower than fp32, or a ZeRO stage >= 2 slice;
+// engine/step_buffers.h) and are final once per step in one pass
+// (layer-major, or one micro-batch). Else each sum runs on the compute
+// stream as the gradient is final (ReduceGradient, ReduceScatterGradient).
+bool ReducesBesideBackward(const TrainOptions& o);
 
 // train_batch_size = micro × accumulation × world size, as DeepSpeed
 // checks it: InvalidArgument naming the four values otherwise.

@@ -152,6 +152,7 @@ Sizes SizesFor(const PlanInputs& in) {
   for (size_t i = 0; i < std::min<size_t>(3, offloaded.size()); ++i)
     z.opt_staging += (offloaded[i] + W - 1) / W * z.opt_pp;
   z.base = in.layer_workspace + in.head_workspace + in.fixed_gpu + z.max_block * 4 + z.ck_set;
+  if (in.second_block_accumulator) z.base += in.layer_params * 4;
   return z;
 }
 
@@ -337,7 +338,8 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
   host += crow.host;
   const Plan::Row srow = HostStaging(in, z, c, p);
   host += srow.host;
-  Plan::Row wrow{"working set (scratch, grad accumulator, head)"};
+  Plan::Row wrow{in.second_block_accumulator ? "working set (scratch, two grad accumulators, head)"
+                                             : "working set (scratch, grad accumulator, head)"};
   wrow.gpu = z.base;
   p.rows.push_back(crow);
   p.rows.push_back(wrow);

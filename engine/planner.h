@@ -115,6 +115,10 @@ struct PlanInputs {
   // and micro-batch-major with accumulation in per-block fp32 accumulators
   // beside them, which stay whole).
   bool partitions_grads = false;
+  // The ranks' gradient sums run beside the backward (engine/
+  // data_parallel.h ReducesBesideBackward): a second fp32 block accumulator
+  // in the working set (layer_params × 4 B), the two alternating.
+  bool second_block_accumulator = false;
   // The host tier's own allocations beside the state (a row of their own):
   // each is rounded up to `host_alignment`, and with state on NVMe the
   // store's staging buffers take `nvme_staging_bytes`.

@@ -22,10 +22,15 @@ Result<StepBuffers> StepBuffers::Allocate(GpuTier* gt, const models::ModelSpec& 
   b.stats_bytes = 64 + 4 * spec.units.size();
   ASSIGN_OR_RETURN(b.stats, gt->Allocate(std::max<size_t>(256, b.stats_bytes), "gradient statistics"));
   if (z.accumulators) {
+    const int64_t W = std::max<int64_t>(z.world, 1);
     auto acc = [&](int unit, const char* what) {
-      return gt->Allocate(static_cast<uint64_t>(spec.units[static_cast<size_t>(unit)].numel) * 4, what);
+      const int64_t n = spec.units[static_cast<size_t>(unit)].numel;
+      return gt->Allocate(static_cast<uint64_t>((n + W - 1) / W * W) * 4, what);
     };
     ASSIGN_OR_RETURN(b.block_acc, acc(1, "block gradient accumulator"));
+    if (z.second_block_accumulator) {
+      ASSIGN_OR_RETURN(b.block_acc2, acc(1, "second block gradient accumulator"));
+    }
     ASSIGN_OR_RETURN(b.embedding_acc, acc(0, "embedding gradient accumulator"));
     ASSIGN_OR_RETURN(b.final_acc, acc(spec.final_unit(), "final gradient accumulator"));
   }

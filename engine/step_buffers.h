@@ -6,7 +6,8 @@
 // for evaluation, tokens/targets/losses of every micro-batch, the gradient
 // statistics, and — when the store's gradient is not the backward's
 // accumulator (narrower than fp32, or a ZeRO slice) — the fp32
-// accumulators of one block, the embedding and the final unit.
+// accumulators of one block (or two, alternating), the embedding and the
+// final unit.
 //
 // Allocated before the model's tensors (the working set must be there
 // whatever the store caches). Ownership: owns its blocks (returned to the
@@ -34,6 +35,13 @@ struct StepBuffers {
     // false: the gradients the optimizer reads are narrower than fp32, or
     // ZeRO stage >= 2 keeps only a slice of them).
     bool accumulators = false;
+    // Each accumulator padded to world × ceil(numel / world) values (a ZeRO
+    // flat partition's, reduce-scattered in place; engine/grad_reduce.h).
+    int64_t world = 1;
+    // A second block accumulator, alternated with the first by the block's
+    // unit (StepShape::reduce_beside: a block's sum runs under the next
+    // block's backward, which then writes the other).
+    bool second_block_accumulator = false;
   };
   static Result<StepBuffers> Allocate(GpuTier* gpu, const models::ModelSpec& spec, const Sizes& sizes);
 
@@ -45,6 +53,7 @@ struct StepBuffers {
   // per unit, from byte 64).
   TierBlock stats;
   TierBlock block_acc, embedding_acc, final_acc;  // fp32 accumulators (Sizes::accumulators)
+  TierBlock block_acc2;                           // Sizes::second_block_accumulator
 
   size_t stats_bytes = 0;
   float* sumsq() const { return stats.as<float>(); }

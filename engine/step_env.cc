@@ -19,7 +19,7 @@ Result<void*> PrefetchedAccess::Acquire(TensorId id, Access access) {
 
 Status PrefetchedAccess::Release(TensorId id, bool dirty) { return pf_->Release(id, dirty, stream_); }
 
-Status RunStepPasses(const models::ModelProgram& model, models::PassEnv& env, const StepShape& shape,
+Status RunStepPasses(const models::ModelProgram& model, StepEnv& env, const StepShape& shape,
                      const StepHooks& hooks) {
   const int64_t A = shape.micro_batches, per = shape.layer_major ? A : 1;
   for (int64_t a0 = 0; a0 < A; a0 += per) {
@@ -29,6 +29,7 @@ Status RunStepPasses(const models::ModelProgram& model, models::PassEnv& env, co
     if (hooks.around_forward) RETURN_IF_ERROR(hooks.around_forward(true));
     if (mb.last && hooks.before_last_backward) RETURN_IF_ERROR(hooks.before_last_backward());
     RETURN_IF_ERROR(models::Backward(model, env, mb));
+    RETURN_IF_ERROR(env.FinishPendingGrad());
   }
   return Status::OK();
 }
@@ -49,6 +50,7 @@ void StepEnv::BeginStep(float dloss, int64_t step) {
   step_ = step;
   wait_s_ = 0;
   std::fill(params_used_.begin(), params_used_.end(), 0);
+  pending_.reset();  // (a failed step's)
 }
 
 TensorId StepEnv::IdOf(const PassTensor& t) const {
@@ -99,6 +101,9 @@ void* StepEnv::ScratchAccumulator(int unit) const {
     case UnitKind::kFinal: return buffers_->final_acc.data();
     case UnitKind::kBlock: break;
   }
+  // Beside the backward, consecutive blocks alternate: one's sum reads its
+  // accumulator while the next block's backward writes the other.
+  if (shape_.reduce_beside && unit % 2 == 1) return buffers_->block_acc2.data();
   return buffers_->block_acc.data();
 }
 
@@ -147,22 +152,56 @@ Status StepEnv::EndGrads(int unit, const MicroBatches& mb, const GradTarget& g) 
 }
 
 Status StepEnv::GradsDone(int unit, const MicroBatches& mb) {
-  if (!mb.last || !computes()) return Status::OK();
-  return hooks_.grad_final(static_cast<size_t>(unit));
+  if (!mb.last) return Status::OK();
+  if (pending_ && pending_->unit == static_cast<size_t>(unit)) {
+    pending_->done = true;  // (told once it is complete)
+    return Status::OK();
+  }
+  return computes() ? hooks_.grad_final(static_cast<size_t>(unit)) : Status::OK();
 }
 
 // The gradient of unit u is complete in the fp32 accumulator `acc`: its
-// statistics, its rounding into the store's copy (`acquired`: acc is that
-// copy, pinned on the GPU in fp32 mode), and its release: a gradient with a
-// host home leaves for it at once (its next use overwrites the GPU copy).
+// sum over the ranks, its statistics, its rounding into the store's copy
+// (`acquired`: acc is that copy, pinned on the GPU in fp32 mode), and its
+// release: a gradient with a host home leaves for it at once (its next use
+// overwrites the GPU copy). Beside the backward the sum is submitted here
+// and the rest is the previous unit's, whose sum ran meanwhile.
 Status StepEnv::FinishGrad(int unit, void* acc, bool acquired) {
   const size_t u = static_cast<size_t>(unit);
+  RETURN_IF_ERROR(SumGrad(u, acc));
+  if (!shape_.reduce_beside) return CompleteGrad(u, acc, acquired);
+  RETURN_IF_ERROR(FinishPendingGrad());  // (the previous unit's: its sum ran under this unit's backward)
+  pending_ = PendingGrad{u, acc, acquired, false};
+  return Status::OK();
+}
+
+Status StepEnv::FinishPendingGrad() {
+  if (!pending_) return Status::OK();
+  const PendingGrad p = *pending_;
+  pending_.reset();
+  RETURN_IF_ERROR(CompleteGrad(p.unit, p.acc, p.acquired));
+  return p.done && computes() ? hooks_.grad_final(p.unit) : Status::OK();
+}
+
+Status StepEnv::SumGrad(size_t u, void* acc) {
+  if (!computes()) return Status::OK();
+  const Shard& sh = state_->shard(u);
+  if (!options_.inject_nonfinite_shard.empty() && sh.name == options_.inject_nonfinite_shard &&
+      step_ == options_.inject_nonfinite_step)
+    RETURN_IF_ERROR(backend_->Memset(acc, 0xff, 4));  // a NaN (tests)
+  if (shape_.reduce_beside) {
+    if (hooks_.grad_reduce == nullptr)
+      return Internal("StepEnv: the gradients' sums run beside the backward, but no GradReduce was given");
+    const int64_t padded = sh.partitioned ? sh.slice_pad * state_->layout().world : sh.numel;
+    return hooks_.grad_reduce->Submit(u, static_cast<float*>(acc), sh.numel, padded);
+  }
+  return hooks_.reduce_grad ? hooks_.reduce_grad(u, acc, sh.numel) : Status::OK();
+}
+
+Status StepEnv::CompleteGrad(size_t u, void* acc, bool acquired) {
   const Shard& sh = state_->shard(u);
   if (computes()) {
-    if (!options_.inject_nonfinite_shard.empty() && sh.name == options_.inject_nonfinite_shard &&
-        step_ == options_.inject_nonfinite_step)
-      RETURN_IF_ERROR(backend_->Memset(acc, 0xff, 4));  // a NaN (tests)
-    if (hooks_.reduce_grad) RETURN_IF_ERROR(hooks_.reduce_grad(u, acc, sh.numel));
+    if (shape_.reduce_beside) RETURN_IF_ERROR(hooks_.grad_reduce->Await(u));
     // Partitioned, the rank's slice alone is reduced: its statistics are
     // this rank's part of the global ones (summed over the ranks later).
     void* mine = static_cast<char*>(acc) + sh.slice_off * 4;

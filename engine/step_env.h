@@ -18,7 +18,11 @@
 // slice alone, Shard::grad_slice), which leaves for its home at
 // once (the prefetcher queues the write-back at its release), and the
 // optimizer is told (Hooks::grad_final); with several ranks it is first
-// summed over them (Hooks::reduce_grad). Before the step's first use of a
+// summed over them (Hooks::reduce_grad, on the compute stream; or beside
+// the backward, StepShape::reduce_beside: a unit's sum is submitted to a
+// GradReduce as its gradient is complete and the rest of its finish waits
+// for the next unit's, so the sum runs under that unit's backward, and the
+// block accumulator alternates). Before the step's first use of a
 // unit's parameters it waits for the optimizer's update of the unit
 // (Hooks::before_params): never a stale weight.
 //
@@ -27,10 +31,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "base/status.h"
+#include "engine/grad_reduce.h"
 #include "engine/model_state.h"
 #include "engine/step_buffers.h"
 #include "kernels/backend.h"
@@ -68,6 +74,11 @@ class PrefetchedAccess final : public StepAccess {
 struct StepShape {
   int64_t micro_batches = 1;
   bool layer_major = true;
+  // The ranks' sums of the gradients run beside the backward
+  // (ReducesBesideBackward, engine/data_parallel.h): each unit's gradient
+  // is finished one unit later, once its sum has run under the next unit's
+  // backward (StepEnv below; recorded so too, so the schedule is the step's).
+  bool reduce_beside = false;
 };
 
 // The passes of one step (models/passes.h): forward and backward per pass,
@@ -78,7 +89,8 @@ struct StepHooks {
   std::function<Status(bool done)> around_forward;
   std::function<Status()> before_last_backward;
 };
-Status RunStepPasses(const models::ModelProgram& model, models::PassEnv& env, const StepShape& shape,
+class StepEnv;
+Status RunStepPasses(const models::ModelProgram& model, StepEnv& env, const StepShape& shape,
                      const StepHooks& hooks);
 
 class StepEnv final : public models::PassEnv {
@@ -101,6 +113,8 @@ class StepEnv final : public models::PassEnv {
     // of the store's; and their release.
     std::function<Result<void*>(size_t unit)> acquire_params;
     std::function<Status(size_t unit)> release_params;
+    // StepShape::reduce_beside, computing: where the sums run (not owned).
+    GradReduce* grad_reduce = nullptr;
   };
   struct Options {
     // Tests: a NaN is put into unit `inject_nonfinite_shard`'s gradient as it
@@ -118,6 +132,10 @@ class StepEnv final : public models::PassEnv {
   // ZeRO stage 3, recording: the units whose parameters the passes
   // acquired, in order, one entry per acquisition (ParamGather's order).
   const std::vector<size_t>& recorded_gathers() const { return recorded_gathers_; }
+  // StepShape::reduce_beside: finishes the gradient whose sum is still in
+  // flight (the backward's last unit's). RunStepPasses calls it after each
+  // backward pass.
+  Status FinishPendingGrad();
 
   bool computes() const override { return !access_->records(); }
   Result<void*> Acquire(const models::PassTensor& t, Access access) override;
@@ -145,6 +163,20 @@ class StepEnv final : public models::PassEnv {
   // The fp32 scratch accumulator of unit u (f32() false).
   void* ScratchAccumulator(int unit) const;
   Status FinishGrad(int unit, void* acc, bool acquired);
+  // FinishGrad's parts: the ranks' sum (beside: submitted), then, once it is
+  // taken, the statistics, the rounding into the store, the release.
+  Status SumGrad(size_t u, void* acc);
+  Status CompleteGrad(size_t u, void* acc, bool acquired);
+
+  // StepShape::reduce_beside: the unit whose sum is in flight, and whether
+  // its GradsDone came (its grad_final then follows its completion).
+  struct PendingGrad {
+    size_t unit = 0;
+    void* acc = nullptr;
+    bool acquired = false;
+    bool done = false;
+  };
+  std::optional<PendingGrad> pending_;
 
   ModelState* state_;
   StepBuffers* buffers_;

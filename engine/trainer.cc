@@ -116,12 +116,21 @@ Status Trainer::Impl::Setup() {
   const Config& c = cfg();
   ASSIGN_OR_RETURN(spec, ModelSpecFor(c));
   dtype = ComputeDType(c);
-  shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major"};
+  shape = StepShape{c.grad_accum, c.trainer.schedule != "micro-batch-major", ReducesBesideBackward(opt)};
   ASSIGN_OR_RETURN(const int device, RankShare(&opt));  // several ranks: this one's share of the machine first
   ASSIGN_OR_RETURN(backend, MakeBackend(opt, device));
   if (TakesRanksPath(opt)) {
     ASSIGN_OR_RETURN(dp, DataParallel::Create(c, backend.get(), device, opt.comm_timeout_s, spec.largest_unit()));
     if (!dp->leads()) log = &quiet;  // (Run prints what the ranks do)
+  }
+  if (shape.reduce_beside) {
+    // In place in the accumulator: partitioned, a reduce-scatter of its
+    // padded flat partitions; else the all-reduce of the unit.
+    auto sum = [this](size_t u, float* acc, int64_t numel, int64_t, void* s) -> Status {
+      if (state->layout().partitioned()) return dp->ReduceScatterInPlace(acc, state->shard(u).slice_pad, s);
+      return dp->ReduceGradient(acc, numel, s);
+    };
+    ASSIGN_OR_RETURN(grad_reduce, GradReduce::Create(backend.get(), device, std::move(sum)));
   }
   ASSIGN_OR_RETURN(models::ModelProgram p, models::ModelProgram::Make(backend.get(), spec, c.micro_batch,
                                                                        c.model.seq_len, dtype));
@@ -166,6 +175,11 @@ Status Trainer::Impl::Setup() {
   z.residual_sets = shape.layer_major ? c.grad_accum : 1;
   z.dtype = dtype;
   z.accumulators = !lay.grad_is_accumulator();
+  z.world = lay.partitioned() ? lay.world : 1;
+  z.second_block_accumulator = shape.reduce_beside;
+  if (shape.reduce_beside && (!z.accumulators || (!shape.layer_major && shape.micro_batches > 1)))
+    return Internal("the gradients' sums beside the backward need the step's fp32 scratch accumulators, each "
+                    "final once per step");
   ASSIGN_OR_RETURN(StepBuffers b, StepBuffers::Allocate(store->gpu_tier(), spec, z));
   buffers.emplace(std::move(b));
   ASSIGN_OR_RETURN(state, ModelState::Create(store.get(), spec, run.plan, lay, run.mode.speculative));
@@ -288,6 +302,7 @@ Status Trainer::Impl::StartStep() {
   } else if (dp) {
     hooks.reduce_grad = [this](size_t, void* g, int64_t n) { return dp->ReduceGradient(g, n, stream()); };
   }
+  hooks.grad_reduce = grad_reduce.get();
   if (param_gather) {
     hooks.acquire_params = [this](size_t u) { return param_gather->Acquire(u); };
     hooks.release_params = [this](size_t u) { return param_gather->Release(u); };

@@ -16,6 +16,7 @@
 #include "engine/budgets.h"
 #include "engine/data.h"
 #include "engine/data_parallel.h"
+#include "engine/grad_reduce.h"
 #include "engine/gradient_counts.h"
 #include "engine/link_bytes.h"
 #include "engine/model_state.h"
@@ -71,6 +72,7 @@ struct Trainer::Impl {
   std::unique_ptr<HostShardUpdate> host_update;
   std::unique_ptr<AssistShardUpdate> assist_update;
   std::unique_ptr<ParamGather> param_gather;  // ZeRO stage 3 across ranks, else null
+  std::unique_ptr<GradReduce> grad_reduce;    // StepShape::reduce_beside, else null
   std::unique_ptr<GradientCounts> counts;  // the update during the backward's
   std::unique_ptr<OptimizerPool> pool;
   StepPrefetcher prefetch;  // the prefetcher and the traffic it will move

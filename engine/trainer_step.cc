@@ -290,6 +290,7 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
     return Status::OK();
   };
   if (param_gather) param_gather->BeginStep();  // (stage 3: the gathers fetched ahead of use)
+  if (grad_reduce) RETURN_IF_ERROR(grad_reduce->Drain());  // (none, unless the last step failed mid-backward)
   RETURN_IF_ERROR(RunStepPasses(*program, *env, shape, hooks));
   if (param_gather) RETURN_IF_ERROR(param_gather->EndStep());
   RETURN_IF_ERROR(FinishBackward());

@@ -105,8 +105,9 @@ INSTANTIATE_TEST_SUITE_P(Fp32AndBf16, DataParallelGpu, ::testing::Values(false, 
 // on the device through NCCL, the slices' statistics summed, each slice's
 // update writing its parameters' slice, and at stages 1-2 the gather into the
 // whole parameters, at stage 3 the gather at each use into device buffers —
-// with the optimizer state on the GPU and on the host. A sum over one rank
-// is the value, so the losses are the plain run's bit for bit.
+// with the optimizer state on the GPU and on the host, with the sums on the
+// compute stream and beside the backward on their own (overlap_comm). A sum
+// over one rank is the value, so the losses are the plain run's bit for bit.
 TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
   STRATA_SKIP_WITHOUT_GPU();
   if (!comm::BuiltWithNccl()) GTEST_SKIP() << "built without NCCL";
@@ -116,12 +117,18 @@ TEST_P(DataParallelGpu, ZeroStagesPartitionedAtWorldOneGiveThePlainLosses) {
     std::string plain_log;
     const std::vector<double> plain = Losses(base, &plain_log);
     ASSERT_EQ(plain.size(), 4u);
-    for (int stage : {1, 2, 3}) {
-      SCOPED_TRACE(std::string("stage ") + std::to_string(stage) + ", offload_optimizer " + where);
+    for (int stage : {1, 2, 3})
+    for (bool overlap : {true, false}) {
+      SCOPED_TRACE(std::string("stage ") + std::to_string(stage) + ", offload_optimizer " + where +
+                   ", overlap_comm " + (overlap ? "on" : "off"));
       TrainOptions o = base;
       o.config.zero.stage = stage;
+      o.config.zero.overlap_comm = overlap;
       o.launched = true;
       o.partition_at_world_one = true;
+      // overlap_comm: the sums beside the backward (engine/grad_reduce.h)
+      // wherever the fp32 sums are the step's scratch.
+      EXPECT_EQ(ReducesBesideBackward(o), overlap && (GetParam() || stage >= 2));
       LauncherEnv env(FreeLoopbackPort());
       std::ostringstream log;
       auto t = Trainer::Create(o, log);

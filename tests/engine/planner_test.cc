@@ -119,6 +119,22 @@ TEST(Planner, StageTwoKeepsThisRanksGradientSlices) {
   EXPECT_LT(two.host_total + two.gpu_total, one.host_total + one.gpu_total);
 }
 
+// The ranks' sums beside the backward (overlap_comm) alternate two block
+// accumulators: the working set grows by one block's fp32 gradient.
+TEST(Planner, SumsBesideTheBackwardAddABlockAccumulator) {
+  PlanInputs in = SmallOffloaded();
+  in.grad_host_bytes = 2;
+  in.zero_partitions = 2;
+  in.partitioned = in.partitions_grads = true;
+  ASSERT_OK_AND_ASSIGN(Plan one, MakePlan(in));
+  in.second_block_accumulator = true;
+  ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
+  const Plan::Row w1 = RowOf(one, "working set"), w2 = RowOf(two, "working set");
+  EXPECT_EQ(w2.gpu - w1.gpu, in.layer_params * 4);
+  EXPECT_EQ(two.gpu_total - one.gpu_total, in.layer_params * 4);
+  ExpectRowsAddUp(two);
+}
+
 // ZeRO stage 3: no rank holds a unit's whole parameters between uses (the
 // gathers' buffers are outside the tiers), so the parameters take no tier
 // memory, none streams, nothing is uploaded after the update, whatever
