@@ -312,6 +312,23 @@ void AddTraffic(const PlanInputs& in, const Sizes& z, const Placement& c, uint64
   }
 }
 
+// GPU room for the tensors with a home off the GPU that pass through it
+// when no streamed parameters lend theirs (the parameters resident, or at
+// ZeRO stage 3 gathered into buffers beside the tiers): an offloaded
+// unit's gradient (this rank's slice at stage >= 2), written on the GPU and
+// on its way home, and a host checkpoint on its way back for the backward.
+// Two of the largest: one in flight while the next is written or read
+// ahead (the prefetcher keeps the largest free, engine/step_schedule.cc).
+uint64_t TransitBytes(const PlanInputs& in, const Sizes& z, const Placement& c) {
+  if (c.params != kG) return 0;  // (the prefetch buffers' room)
+  const uint64_t W = static_cast<uint64_t>(std::max(in.zero_partitions, 1));
+  uint64_t largest = 0;
+  if (c.grads == kH && z.restN > 0)
+    largest = (in.partitions_grads ? (z.max_offloaded + W - 1) / W : z.max_offloaded) * z.gb;
+  if (c.checkpoints == kH) largest = std::max(largest, in.checkpoint_bytes);
+  return 2 * AlignUp(largest, z.align);
+}
+
 // One candidate: its rows and totals, and its traffic (the totals first: the
 // caller keeps only what fits).
 Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
@@ -330,7 +347,8 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
   p.optimizer_gpu_params = z.gpuN;
   p.total_params = z.n;
   if (z.restN == 0) p.optimizer = p.grads = kG;  // ratio 0: everything on the GPU
-  uint64_t gpu = z.base, host = 0, nvme = 0;
+  const uint64_t transit = TransitBytes(in, z, c);
+  uint64_t gpu = z.base + transit, host = 0, nvme = 0;
   PlaceState(in, z, c, gpu, &p);
   for (const Plan::Row& r : p.rows) gpu += r.gpu, host += r.host, nvme += r.nvme;
   const Plan::Row crow = PlaceCheckpoints(in, z, c, gpu, &p);
@@ -343,6 +361,7 @@ Plan Place(const PlanInputs& in, const Sizes& z, const Placement& c) {
   wrow.gpu = z.base;
   p.rows.push_back(crow);
   p.rows.push_back(wrow);
+  if (transit) p.rows.push_back(Plan::Row{"transit (host-homed gradients, checkpoints)", transit, 0, 0});
   p.rows.push_back(srow);
   if (const Plan::Row slices = ParamSlices(in, z); slices.host) {
     host += slices.host;

@@ -160,6 +160,43 @@ TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
   EXPECT_THAT(three.Table(in.gpu_budget, in.host_budget), HasSubstr("gathered at each use"));
 }
 
+// Nothing streams to lend its room when the parameters stay (resident, or
+// gathered at stage 3): the plan keeps GPU room for two of the largest
+// tensors passing through, an offloaded gradient on its way home or a host
+// checkpoint on its way back. Found on the GPU: gpt-6.7b at stage 3 filled
+// the budget with checkpoints and the last block's bf16 gradient (384 MiB)
+// had no room.
+TEST(Planner, ResidentOrGatheredParametersKeepRoomForTransit) {
+  PlanInputs in = Gpt(32, 4096, 2048, 50304, 4, 8);
+  in.gpu_budget = 20 * kGiB;  // (24 GiB less what is held beside the tiers)
+  in.host_budget = 110 * kGiB;
+  in.grad_host_bytes = 2;
+  in.offload_optimizer = "cpu";
+  in.partitioned = in.gathers_params = in.partitions_grads = in.second_block_accumulator = true;
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  ASSERT_EQ(p.grads, TierKind::kHost);
+  ASSERT_EQ(p.checkpoints, TierKind::kHost);
+  const uint64_t grad = AlignUp(in.embedding_params * 2, 4096);  // the largest unit's, one rank
+  const uint64_t ck = in.checkpoint_bytes;
+  EXPECT_EQ(RowOf(p, "transit").gpu, 2 * std::max(grad, ck));
+  EXPECT_LE(p.gpu_total, in.gpu_budget);
+  ExpectRowsAddUp(p);
+  // Over two ranks the gradient passing through is the rank's slice.
+  in.zero_partitions = 2;
+  ASSERT_OK_AND_ASSIGN(Plan two, MakePlan(in));
+  EXPECT_EQ(RowOf(two, "transit").gpu,
+            2 * std::max(AlignUp((in.embedding_params + 1) / 2 * 2, 4096), AlignUp(ck, 4096)));
+  // Streaming parameters: their prefetch buffers are the room.
+  PlanInputs streamed = Gpt(32, 4096, 2048, 50304, 4, 8);
+  streamed.gpu_budget = 12 * kGiB;
+  streamed.host_budget = 110 * kGiB;
+  streamed.grad_host_bytes = 2;
+  streamed.offload_optimizer = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan s, MakePlan(streamed));
+  ASSERT_FALSE(s.params_resident);
+  for (const Plan::Row& r : s.rows) EXPECT_NE(r.kind.rfind("transit", 0), 0u) << r.kind;
+}
+
 TEST(Planner, Gpt67bIn24GiBFitsTheH200Host) {
   // The gpt-6.7b workload: fp32 gradients (27 GB) cannot stay on a 24 GiB
   // GPU, so they leave for the host in bf16; the plan with the least PCIe
