@@ -42,6 +42,8 @@ enum class FlashBwdKernel : uint8_t {
   kDsBuffer,  // dK/dV pass in FlashAttention-2's layout (8 warps, 128 keys, P and dS
               // through shared memory) writing dS (bf16/f16) to the workspace, then
               // dQ = dS K from it: 5 matmuls, workspace about B*H*T*T bytes
+  kWgmma,  // kDsBuffer's scheme and workspace on Hopper wgmma: 2 warpgroups x 64 keys
+           // per dK/dV block, 2 x 64 queries per dQ block (sm_90a on a 9.0 GPU only)
 };
 struct FlashVariant {
   const char* name;
@@ -50,12 +52,13 @@ struct FlashVariant {
   const char* summary;
 };
 // The default is the first entry that runs on the GPU (FlashVariantRuns):
-// v3 on an H100/H200 built with sm_90a code, else v2. v2 measured fastest of
+// v4 on an H100/H200 built with sm_90a code, else v2. v2 measured fastest of
 // the mma.sync variants on the H200 (strata-bench attention, 1.3B shape: fwd
 // 269 vs 239 TFLOP/s, bwd 203 vs 173 for v1), at the cost of a dS workspace
 // of about B*H*T*T bytes that the planner counts in the layer's scratch. v1
 // is the small-workspace fallback.
 inline constexpr FlashVariant kFlashVariants[] = {
+    {"v4", FlashFwdKernel::kWgmma, FlashBwdKernel::kWgmma, "fwd wgmma, bwd v2's scheme on wgmma (sm_90a)"},
     {"v3", FlashFwdKernel::kWgmma, FlashBwdKernel::kDsBuffer, "fwd wgmma (sm_90a), bwd as v2"},
     {"v2", FlashFwdKernel::kBc64, FlashBwdKernel::kDsBuffer, "fwd Bc 64 + FMA exp2, bwd FA2 dK/dV + dS buffer + dQ"},
     {"v1", FlashFwdKernel::kBc32, FlashBwdKernel::kTwoPass, "fwd Bc 32, bwd two passes (7 matmuls)"},

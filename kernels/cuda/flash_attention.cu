@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -649,26 +650,12 @@ __global__ void __launch_bounds__(kThreads)
 // queries: dQ = scale * dS K, streaming the dS panel and K. 5 matmul units
 // instead of 7; every sum in a fixed order.
 //
-// Workspace after delta: per (b, h) the dS panels of the 64-query tiles m =
-// 0, 1, ...; panel m is (64, (m/2 + 1) * 128) row-major: the key blocks of
-// 128 that tile m sees (all of them written, masked entries as 0).
+// Workspace: flash_ds_panels.cuh.
 
 constexpr int kDsThreads = 256;          // 8 warps
-constexpr int kDsKeys = 128;             // keys per dK/dV block
-constexpr int kDsQueries = 64;           // queries per streamed tile = rows of a dS panel
 constexpr int kDsStride = kDsKeys + 8;   // sP / sdS row stride
 constexpr int kDqKeys = 64;              // keys per dQ step
 constexpr int kDqStride = kDqKeys + 8;   // dS tile row stride in the dQ kernel
-
-// Elements before panel m of one head: sum over i < m of (i/2 + 1) blocks.
-__host__ __device__ __forceinline__ int64_t DsPanelOffset(int64_t m) {
-  const int64_t blocks = m + (m >= 1 ? (m - 1) * (m - 1) / 4 : 0);
-  return blocks * kDsQueries * kDsKeys;
-}
-__host__ __device__ __forceinline__ int64_t DsHeadElems(int64_t seq) { return DsPanelOffset((seq + kDsQueries - 1) / kDsQueries); }
-inline size_t DsOffsetBytes(const AttentionShape& s) {  // delta, rounded up to 256 bytes
-  return (static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) + 255) & ~size_t{255};
-}
 
 template <typename T, int kD>
 constexpr size_t DkDvDsSmemBytes() {  // K, V + 2 x (Q, dO) + P, dS + 2 x (lse, delta)
@@ -796,7 +783,7 @@ __global__ void __launch_bounds__(kDsThreads, 1)
     // The dS tile to panel `it`, key block kb.
     {
       T* panel = ds_head + DsPanelOffset(it);
-      const int64_t width = static_cast<int64_t>(it / 2 + 1) * kDsKeys;
+      const int64_t width = DsPanelWidth(it);
       constexpr int kChunks = kDsKeys / 8;
       for (int i = threadIdx.x; i < kDsQueries * kChunks; i += kDsThreads) {
         const int r = i / kChunks, c = i % kChunks;
@@ -844,7 +831,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t row_stride = C + 2LL * KV * D;
   const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
   const T* panel = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq) + DsPanelOffset(m);
-  const int64_t width = static_cast<int64_t>(m / 2 + 1) * kDsKeys;
+  const int64_t width = DsPanelWidth(m);
 
   auto load = [&](int stage, int j) {
     LoadTile<T, kD, kDqKeys>(sK + stage * kKT, k_g, j * kDqKeys, seq, D, row_stride);
@@ -1003,7 +990,7 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
 template <typename T, int kD>
 Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
                         const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* workspace, void* dkv_ws) {
+                        void* workspace, void* dkv_ws, bool wgmma) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
   const int64_t rows = static_cast<int64_t>(B) * seq * H;
@@ -1012,6 +999,14 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
   flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
       delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
+  if (wgmma) {
+    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
+    FlashDsPasses p;
+    p.dqkv = dqkv, p.dkv = t.dkv, p.dkv_stride = t.stride, p.dv_off = t.dv_off, p.ds = ds;
+    p.dout = dout, p.qkv = qkv, p.lse = lse, p.delta = delta;
+    RETURN_IF_ERROR(FlashAttentionBackwardWgmmaPasses(stream, s, scale, p));
+    return SumGroups<T>(stream, s, dqkv, dkv_ws);
+  }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsKeys));
     constexpr size_t smem = DkDvDsSmemBytes<T, kD>();
@@ -1102,8 +1097,9 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
     void* dkv_ws = static_cast<char*>(workspace) + VariantBytes(s, variant);
-    if (variant.bwd == FlashBwdKernel::kDsBuffer)
-      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws);
+    if (variant.bwd == FlashBwdKernel::kDsBuffer || variant.bwd == FlashBwdKernel::kWgmma)
+      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws,
+                                     variant.bwd == FlashBwdKernel::kWgmma);
     return LaunchBackward<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse,
                                  static_cast<float*>(workspace), dkv_ws);
   });

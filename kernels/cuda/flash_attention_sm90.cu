@@ -44,21 +44,6 @@ constexpr size_t SmemBytes() {
   return 1024 + static_cast<size_t>(TileBytes<kD>(kBr) + 4 * TileBytes<kD>(kBc));
 }
 
-// Copies rows [row0, row0 + kRows), columns [0, kD) of a (T, row_stride)
-// matrix into the swizzled tile `s` (column blocks of 64, each kRows x 128
-// bytes) with cp.async; rows >= seq and columns >= D are zero-filled.
-template <typename T, int kD, int kRows>
-__device__ __forceinline__ void LoadSwizzled(unsigned char* s, const T* g, int row0, int seq, int D,
-                                             int64_t row_stride) {
-  constexpr int kChunks = kD / 8;  // 16-byte chunks per row
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kWgThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    const bool valid = (row0 + r < seq) && (c * 8 < D);
-    const T* src = valid ? g + static_cast<int64_t>(row0 + r) * row_stride + c * 8 : g;
-    CpAsync16(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7), src, valid);
-  }
-}
-
 // grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
 // Needs scale_log2 > 0 (the FMA form keeps the running max in raw units).
 template <typename T, int kD>
@@ -96,8 +81,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // of its rows: no tile is skipped, and each row's running max is finite
   // after tile 0 (key 0).
   const int n_kv = (min(seq, q0 + kBr) + kBc - 1) / kBc;
-  LoadSwizzled<T, kD, kBr>(sQ, q_g, q0, seq, D, row_stride);
-  LoadSwizzled<T, kD, kBc>(sK, k_g, 0, seq, D, row_stride);
+  LoadSwizzled<T, kD, kBr, kWgThreads>(sQ, q_g, q0, seq, D, row_stride);
+  LoadSwizzled<T, kD, kBc, kWgThreads>(sK, k_g, 0, seq, D, row_stride);
   CpAsyncCommit();
 
   float o[kD / 8][4];
@@ -111,8 +96,8 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   // Waits for cp.async group j (K_j, V_{j-1}) after starting group j + 1.
   auto next_tiles = [&](int j) {
     if (j + 1 < n_kv)
-      LoadSwizzled<T, kD, kBc>(sK + ((j + 1) & 1) * kKVTile, k_g, (j + 1) * kBc, seq, D, row_stride);
-    if (j < n_kv) LoadSwizzled<T, kD, kBc>(sV + (j & 1) * kKVTile, v_g, j * kBc, seq, D, row_stride);
+      LoadSwizzled<T, kD, kBc, kWgThreads>(sK + ((j + 1) & 1) * kKVTile, k_g, (j + 1) * kBc, seq, D, row_stride);
+    if (j < n_kv) LoadSwizzled<T, kD, kBc, kWgThreads>(sV + (j & 1) * kKVTile, v_g, j * kBc, seq, D, row_stride);
     CpAsyncCommit();
     CpAsyncWait<1>();
     FenceProxyAsync();  // the tiles cp.async wrote are read by the tensor cores

@@ -110,6 +110,7 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
                               const float* lse, void* workspace, const FlashVariant& variant);
 
 // flash_attention_sm90.cu — the wgmma forward (FlashFwdKernel::kWgmma). It
+// and the wgmma backward below
 // runs only where FlashWgmmaRuns: the binary has sm_90a code (CMake builds
 // the 90 architecture as 90a) and the GPU is compute capability 9.0 exactly
 // (sm_90a code runs nowhere else). Needs scale > 0 (FlashAttentionForward
@@ -120,5 +121,23 @@ inline bool FlashWgmmaRuns(int cc_major, int cc_minor) {
 }
 Status FlashAttentionForwardWgmma(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
                                   float* lse, const void* qkv);
+
+// flash_attention_bwd_sm90.cu — the two passes of the dS-buffer backward on
+// wgmma (FlashBwdKernel::kWgmma), where FlashWgmmaRuns: dK/dV (into dkv, row
+// stride dkv_stride, dV dv_off elements after dK) writing the dS panels of
+// `ds` (flash_ds_panels.cuh), then dQ into dqkv's q columns from them.
+// delta = rowsum(dO * O) must be in place.
+struct FlashDsPasses {
+  void* dqkv = nullptr;
+  void* dkv = nullptr;
+  int64_t dkv_stride = 0, dv_off = 0;
+  void* ds = nullptr;
+  const void* dout = nullptr;
+  const void* qkv = nullptr;
+  const float* lse = nullptr;
+  const float* delta = nullptr;
+};
+Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
+                                         const FlashDsPasses& passes);
 
 }  // namespace strata::kernels::cuda

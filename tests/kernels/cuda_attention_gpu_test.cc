@@ -330,7 +330,7 @@ TEST_F(CudaAttentionErrorTest, UnknownFlashVariantIsInvalidArgument) {
   }
 }
 
-// The default is the first variant that runs on this GPU: v3 (wgmma) on a
+// The default is the first variant that runs on this GPU: v4 (wgmma) on a
 // compute-capability 9.0 GPU with sm_90a code, else v2; the per-op timing
 // names the variant that ran. A variant that cannot run is refused by name.
 TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
@@ -343,9 +343,9 @@ TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
       break;
     }
   ASSERT_NE(expected, nullptr);
-  const FlashVariant* v3 = FindFlashVariant("v3");
-  ASSERT_NE(v3, nullptr);
-  if (::strata::testing::FlashVariantRunsHere(*v3)) EXPECT_STREQ(expected, "v3");
+  const FlashVariant* v4 = FindFlashVariant("v4");
+  ASSERT_NE(v4, nullptr);
+  if (::strata::testing::FlashVariantRunsHere(*v4)) EXPECT_STREQ(expected, "v4");
   else EXPECT_STREQ(expected, "v2");
 
   if (const char* e = std::getenv("STRATA_FLASH_VARIANT"); e && *e)
@@ -364,10 +364,10 @@ TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].op, std::string("attention_fwd (flash ") + expected + ")");
 
-  if (!::strata::testing::FlashVariantRunsHere(*v3)) {
-    o.flash_variant = "v3";
+  if (!::strata::testing::FlashVariantRunsHere(*v4)) {
+    o.flash_variant = "v4";
     EXPECT_THAT(MakeCudaBackend(o).status(), StatusIs(StatusCode::kFailedPrecondition));
-    EXPECT_THAT(SetFlashVariant(be.get(), "v3"), StatusIs(StatusCode::kFailedPrecondition));
+    EXPECT_THAT(SetFlashVariant(be.get(), "v4"), StatusIs(StatusCode::kFailedPrecondition));
   }
 }
 

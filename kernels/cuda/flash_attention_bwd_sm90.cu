@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+// The two passes of the dS-buffer flash attention backward on Hopper's
+// warpgroup MMA (wgmma, sm_90a): FlashBwdKernel::kWgmma (cuda_backend.h).
+// Same function, workspace and determinism rule as flash_attention.cu's
+// mma.sync passes (every sum in a fixed order, no atomics); delta =
+// rowsum(dO * O) comes from there first, and with grouped-query attention the
+// per-query-head dK/dV are summed there afterwards.
+//
+// Pass 1, dK/dV: block = (b, h, 128 keys), 2 warpgroups of 64 keys each. K
+// and V of the block stay in 128-byte swizzled shared memory (wgmma.cuh); the
+// 64-query tiles at or after the keys stream through a double-buffered
+// cp.async pipeline (Q, dO, lse, delta). Per tile and warpgroup, with the
+// keys as the M side so that P^T and dS^T come out of the accumulators in the
+// A operand's layout:
+//   S^T  = K Q^T     wgmma m64n64k16, A and B from shared memory (K-major)
+//   dP^T = V dO^T    the same, issued right behind it
+//   P^T  = exp2(S^T scale log2e - lse log2e), masked;  dS^T = P^T (dP^T - delta)
+//                    (the exp of P runs while the tensor cores do dP)
+//   dV  += P^T dO    wgmma m64nDk16, P^T from registers, dO MN-major
+//   dK  += dS^T Q    the same with dS^T and Q
+// dS^T, rounded to T as the operand, goes through shared memory (two
+// buffers) to its panel of the workspace (flash_ds_panels.cuh) as dS
+// [query][key]; a tile's copy out runs while the next tile's S^T and dP^T
+// occupy the tensor cores.
+//
+// Pass 2, dQ = scale dS K: block = (b, h, 128 queries), one panel per
+// warpgroup; 128-key steps of both panels' dS (K-major A) and of K (MN-major
+// B) stream through a double-buffered pipeline.
+//
+// Built for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernels
+// trap and FlashWgmmaBuilt() (flash_attention_sm90.cu) says so.
+#include "base/cuda_check.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_ds_panels.cuh"
+#include "kernels/cuda/mma.cuh"
+#include "kernels/cuda/ops.h"
+#include "kernels/cuda/wgmma.cuh"
+
+namespace strata::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;                // 2 warpgroups
+constexpr int kKeys = kDsKeys;               // keys per dK/dV block (64 per warpgroup); keys per dQ step
+constexpr int kQueries = kDsQueries;         // queries per streamed dK/dV tile = rows of a panel
+constexpr int kDqRows = 2 * kDsQueries;      // queries per dQ block: two panels
+constexpr int kSdsStride = kKeys + 8;        // dS staging row stride (elements)
+constexpr float kLog2e = 1.4426950408889634f;
+
+// Bytes of one swizzled tile of `rows` rows and kCols 16-bit columns.
+template <int kCols>
+constexpr int TileBytes(int rows) {
+  return rows * kCols * 2;
+}
+// K, V + 2 x (Q, dO) + 2 dS staging tiles + 2 x (lse, delta), plus slack to
+// align the tiles to 1024 bytes.
+template <int kD>
+constexpr size_t DkDvSmemBytes() {
+  return 1024 + static_cast<size_t>(2 * TileBytes<kD>(kKeys) + 4 * TileBytes<kD>(kQueries)) +
+         2 * kQueries * kSdsStride * 2 + 4 * kQueries * sizeof(float);
+}
+// 2 x (dS of two panels, K).
+template <int kD>
+constexpr size_t DqSmemBytes() {
+  return 1024 + 2 * static_cast<size_t>(TileBytes<kKeys>(kDqRows) + TileBytes<kD>(kKeys));
+}
+
+// Rounds accumulator tile d (64 x N per warpgroup) into the A operand layout
+// of the next product: 16 K-columns per entry (column tiles 2 kk, 2 kk + 1).
+template <typename T, int kN>
+__device__ __forceinline__ void PackA(uint32_t (&a)[kN / 2][4], const float (&d)[kN][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    a[kk][0] = PackPair<T>(d[2 * kk][0], d[2 * kk][1]);
+    a[kk][1] = PackPair<T>(d[2 * kk][2], d[2 * kk][3]);
+    a[kk][2] = PackPair<T>(d[2 * kk + 1][0], d[2 * kk + 1][1]);
+    a[kk][3] = PackPair<T>(d[2 * kk + 1][2], d[2 * kk + 1][3]);
+  }
+}
+
+// Writes this warpgroup's 64 x kD accumulator times `mul`, rounded to T, into
+// the swizzled tile `s` of kRows rows at its rows (16 per warp).
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + r * 8, col = nt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(s + (col >> 6) * (kRows * 128) + Swizzle128(row, (col & 63) >> 3) +
+                                   (col & 7) * 2) = PackPair<T>(d[nt][2 * r] * mul, d[nt][2 * r + 1] * mul);
+    }
+}
+
+// Stores rows [row0, row0 + kRows) ∩ [0, seq), columns [0, D) of the
+// swizzled tile `s` to a (seq, row_stride) matrix.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void StoreSwizzled(T* g, const unsigned char* s, int row0, int seq, int D,
+                                              int64_t row_stride) {
+  constexpr int kChunks = kD / 8;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (row0 + r < seq && c * 8 < D)
+      *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const int4*>(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7));
+  }
+}
+
+// grid (B*H, ceil(T / 128)), the first key blocks (most queries) first.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dkdv_wgmma_kernel(T* __restrict__ dkv, T* __restrict__ ds_ws,
+                                               const T* __restrict__ qkv, const T* __restrict__ dout,
+                                               const float* __restrict__ lse,
+                                               const float* __restrict__ delta, int seq, int H, int D,
+                                               int C, float scale_log2, float scale, int KV,
+                                               int64_t dkv_stride, int64_t dv_off) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kKVTile = TileBytes<kD>(kKeys), kQTile = TileBytes<kD>(kQueries);
+  constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  unsigned char* sK = base;              // (kD/64 blocks, 128 keys, 128 B)
+  unsigned char* sV = sK + kKVTile;
+  unsigned char* sQ = sV + kKVTile;      // 2 stages of (kD/64, 64 queries, 128 B)
+  unsigned char* sdO = sQ + 2 * kQTile;  // 2 stages
+  uint16_t* sdS = reinterpret_cast<uint16_t*>(sdO + 2 * kQTile);          // 2 x (64, kSdsStride): T bits, [query][key]
+  float* sL = reinterpret_cast<float*>(sdS + 2 * kQueries * kSdsStride);  // (2, 64): lse log2e, +inf past T
+  float* sDelta = sL + 2 * kQueries;                                   // (2, 64): delta, 0 past T
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int wg = warp >> 2;  // warpgroup: keys 64 wg .. 64 wg + 63 of the block
+  const int g = lane >> 2, t4 = lane & 3;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int k0 = blockIdx.y * kKeys;
+  const int key_wg = k0 + wg * 64;  // this warpgroup's first key
+  const int64_t row_stride = C + 2LL * KV * D;
+  const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* v_g = k_g + KV * D;
+  const T* do_g = dout + static_cast<int64_t>(b) * seq * C + h * D;
+  const float* lse_g = lse + static_cast<int64_t>(bh) * seq;
+  const float* delta_g = delta + static_cast<int64_t>(bh) * seq;
+  T* ds_head = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq);
+  const uint32_t k_addr = SmemAddr(sK) + wg * 64 * 128, v_addr = SmemAddr(sV) + wg * 64 * 128;
+
+  auto load_queries = [&](int stage, int tile) {
+    const int r0 = tile * kQueries;
+    LoadSwizzled<T, kD, kQueries, kThreads>(sQ + stage * kQTile, q_g, r0, seq, D, row_stride);
+    LoadSwizzled<T, kD, kQueries, kThreads>(sdO + stage * kQTile, do_g, r0, seq, D, C);
+    if (threadIdx.x < kQueries) {
+      const int q = r0 + threadIdx.x;
+      sL[stage * kQueries + threadIdx.x] = q < seq ? lse_g[q] * kLog2e : INFINITY;
+      sDelta[stage * kQueries + threadIdx.x] = q < seq ? delta_g[q] : 0.f;
+    }
+  };
+
+  // dS of query tile `tile` from staging buffer `buf` to its panel, key block k0.
+  auto copy_ds = [&](int buf, int tile) {
+    T* panel = ds_head + DsPanelOffset(tile);
+    const int64_t width = DsPanelWidth(tile);
+    const uint16_t* src = sdS + buf * kQueries * kSdsStride;
+    constexpr int kChunks = kKeys / 8;
+    for (int i = threadIdx.x; i < kQueries * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      *reinterpret_cast<int4*>(panel + r * width + k0 + c * 8) =
+          *reinterpret_cast<const int4*>(src + r * kSdsStride + c * 8);
+    }
+  };
+
+  const int n_qt = (seq + kQueries - 1) / kQueries;
+  const int qt_begin = k0 / kQueries;  // queries before k0 see none of these keys
+  LoadSwizzled<T, kD, kKeys, kThreads>(sK, k_g, k0, seq, D, row_stride);
+  LoadSwizzled<T, kD, kKeys, kThreads>(sV, v_g, k0, seq, D, row_stride);
+  load_queries(0, qt_begin);
+  CpAsyncCommit();
+
+  float dk[kD / 8][4], dv[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[i][e] = dv[i][e] = 0.f;
+
+  for (int it = qt_begin; it < n_qt; ++it) {
+    const int stage = (it - qt_begin) & 1;
+    if (it + 1 < n_qt) {
+      load_queries(stage ^ 1, it + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    FenceProxyAsync();  // the tiles cp.async wrote are read by the tensor cores
+    __syncthreads();
+    const int q_base = it * kQueries;
+    const float* l_s = sL + stage * kQueries;
+    const float* d_s = sDelta + stage * kQueries;
+    const uint32_t q_addr = SmemAddr(sQ + stage * kQTile), do_addr = SmemAddr(sdO + stage * kQTile);
+    // Some key of this warpgroup's at or before some query of the tile (else P = 0).
+    const bool active = key_wg <= q_base + kQueries - 1;
+    float s[kNq][4], dp[kNq][4];
+    if (active) {
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
+        const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
+        WgmmaSS<T, kQueries>(s, SmemDescriptor(k_addr + off, 16, 1024), SmemDescriptor(q_addr + qoff, 16, 1024),
+                             kk > 0);
+      }
+      WgmmaCommit();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
+        const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
+        WgmmaSS<T, kQueries>(dp, SmemDescriptor(v_addr + off, 16, 1024), SmemDescriptor(do_addr + qoff, 16, 1024),
+                             kk > 0);
+      }
+      WgmmaCommit();
+    }
+    // The previous tile's dS out while S^T and dP^T run (its buffer was
+    // completed before the previous iteration's last barrier).
+    if (it > qt_begin) copy_ds(stage ^ 1, it - 1);
+    uint32_t ds_a[kNq / 2][4];
+    if (active) {
+      WgmmaWait<1>();  // S^T is done; dP^T may still run
+      FenceAccumulator(s);
+      // Some key of this warpgroup's after some query of the tile: mask.
+      const bool diagonal = key_wg + 63 > q_base;
+#pragma unroll
+      for (int nt = 0; nt < kNq; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = nt * 8 + 2 * t4 + (e & 1);
+          float pv = exp2f(s[nt][e] * scale_log2 - l_s[ql]);
+          if (diagonal && key_wg + (warp & 3) * 16 + g + (e >> 1) * 8 > q_base + ql) pv = 0.f;
+          s[nt][e] = pv;
+        }
+      WgmmaWait<0>();
+      FenceAccumulator(dp);
+#pragma unroll
+      for (int nt = 0; nt < kNq; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - d_s[nt * 8 + 2 * t4 + (e & 1)]);
+      uint32_t p_a[kNq / 2][4];
+      PackA<T, kNq>(p_a, s);
+      PackA<T, kNq>(ds_a, dp);
+      FenceAccumulator(p_a);
+      FenceAccumulator(ds_a);
+      FenceAccumulator(dv);
+      FenceAccumulator(dk);
+      WgmmaFence();
+      // dV += P^T dO, dK += dS^T Q (the scale is applied at the end).
+#pragma unroll
+      for (int kk = 0; kk < kQueries / 16; ++kk)
+        WgmmaRS<T, kD>(dv, p_a[kk], SmemDescriptor(do_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
+#pragma unroll
+      for (int kk = 0; kk < kQueries / 16; ++kk)
+        WgmmaRS<T, kD>(dk, ds_a[kk], SmemDescriptor(q_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
+      WgmmaCommit();
+    } else {
+#pragma unroll
+      for (int kk = 0; kk < kNq / 2; ++kk) ds_a[kk][0] = ds_a[kk][1] = ds_a[kk][2] = ds_a[kk][3] = 0u;
+    }
+    // dS^T (the operand's bits) into sdS as [query][key] while dV and dK run.
+    {
+      uint16_t* dst = sdS + stage * kQueries * kSdsStride;
+      const int key_l = wg * 64 + (warp & 3) * 16 + g;
+#pragma unroll
+      for (int kk = 0; kk < kNq / 2; ++kk)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int ql = kk * 16 + (e >> 1) * 8 + 2 * t4, kl = key_l + (e & 1) * 8;
+          dst[ql * kSdsStride + kl] = static_cast<uint16_t>(ds_a[kk][e] & 0xFFFFu);  // PackPair: lo first
+          dst[(ql + 1) * kSdsStride + kl] = static_cast<uint16_t>(ds_a[kk][e] >> 16);
+        }
+    }
+    if (active) {
+      WgmmaWait<0>();
+      FenceAccumulator(dv);
+      FenceAccumulator(dk);
+    }
+    __syncthreads();  // this dS buffer is whole; every read of this stage is done (refilled next)
+  }
+  copy_ds((n_qt - 1 - qt_begin) & 1, n_qt - 1);
+
+  // sK and sV are free: every wgmma completed before the loop's last barrier.
+  AccToSwizzled<T, kD, kKeys>(sK, dk, scale);
+  AccToSwizzled<T, kD, kKeys>(sV, dv, 1.f);
+  __syncthreads();
+  T* dk_g = dkv + static_cast<int64_t>(b) * seq * dkv_stride + h * D;
+  StoreSwizzled<T, kD, kKeys>(dk_g, sK, k0, seq, D, dkv_stride);
+  StoreSwizzled<T, kD, kKeys>(dk_g + dv_off, sV, k0, seq, D, dkv_stride);
+#else
+  __trap();
+#endif
+}
+
+// grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dq_wgmma_kernel(T* __restrict__ dqkv, const T* __restrict__ ds_ws,
+                                             const T* __restrict__ qkv, int seq, int H, int D, int C,
+                                             float scale, int KV) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  constexpr int kDsTile = TileBytes<kKeys>(kDqRows), kKTile = TileBytes<kD>(kKeys);
+  constexpr int kStage = kDsTile + kKTile;
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  // Stage s: dS (2 blocks of 64 keys, 128 queries, 128 B) at base + s kStage, K right after it.
+
+  const int warp = threadIdx.x >> 5, wg = warp >> 2;
+  const int bh = blockIdx.x, b = bh / H, h = bh % H;
+  const int mb = gridDim.y - 1 - blockIdx.y;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
+  const int q0 = mb * kDqRows;
+  const int64_t row_stride = C + 2LL * KV * D;
+  const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
+  const T* ds_head = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq);
+  const int64_t width = DsPanelWidth(2 * mb);  // = that of panel 2 mb + 1
+
+  auto load = [&](int stage, int j) {
+    unsigned char* s_ds = base + stage * kStage;
+    LoadSwizzled<T, kD, kKeys, kThreads>(s_ds + kDsTile, k_g, j * kKeys, seq, D, row_stride);
+    constexpr int kChunks = kKeys / 8;
+    for (int i = threadIdx.x; i < kDqRows * kChunks; i += kThreads) {
+      const int r = i / kChunks, c = i % kChunks;
+      const int panel = 2 * mb + r / kQueries;
+      const bool valid = panel * kQueries < seq;  // the last block may hold one panel only
+      const T* src = valid ? ds_head + DsPanelOffset(panel) + (r % kQueries) * width + j * kKeys + c * 8 : ds_head;
+      CpAsync16(s_ds + (c >> 3) * (kDqRows * 128) + Swizzle128(r, c & 7), src, valid);
+    }
+  };
+
+  // Keys 0 .. min(seq, q0 + 128) - 1, all inside both panels' width.
+  const int n_steps = (min(seq, q0 + kDqRows) + kKeys - 1) / kKeys;
+  load(0, 0);
+  CpAsyncCommit();
+  float dq[kD / 8][4];
+#pragma unroll
+  for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
+  for (int j = 0; j < n_steps; ++j) {
+    const int stage = j & 1;
+    if (j + 1 < n_steps) {
+      load(stage ^ 1, j + 1);
+      CpAsyncCommit();
+      CpAsyncWait<1>();
+    } else {
+      CpAsyncWait<0>();
+    }
+    FenceProxyAsync();
+    __syncthreads();
+    const uint32_t ds_addr = SmemAddr(base + stage * kStage) + wg * 64 * 128;
+    const uint32_t k_addr = SmemAddr(base + stage * kStage + kDsTile);
+    FenceAccumulator(dq);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < kKeys / 16; ++kk)
+      WgmmaSSTransB<T, kD>(dq,
+                           SmemDescriptor(ds_addr + (kk >> 2) * (kDqRows * 128) + (kk & 3) * 32, 16, 1024),
+                           SmemDescriptor(k_addr + kk * 16 * 128, kKeys * 128, 1024), 1);
+    WgmmaCommit();
+    WgmmaWait<0>();
+    FenceAccumulator(dq);
+    __syncthreads();  // this stage is refilled by the next iteration
+  }
+  // Stage 0's dS tile is free after the last barrier: dQ through it.
+  AccToSwizzled<T, kD, kDqRows>(base, dq, scale);
+  __syncthreads();
+  StoreSwizzled<T, kD, kDqRows>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D, base, q0, seq, D,
+                                row_stride);
+#else
+  __trap();
+#endif
+}
+
+template <typename Kernel>
+Status SetSmem(Kernel k, size_t bytes) {
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return Status::OK();
+}
+
+template <typename T, int kD>
+Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
+  const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
+  const int seq = static_cast<int>(s.seq), C = H * D, KV = static_cast<int>(s.kv());
+  const dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kKeys));
+  {
+    constexpr size_t smem = DkDvSmemBytes<kD>();
+    auto kernel = flash_attention_backward_dkdv_wgmma_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dkv), static_cast<T*>(p.ds),
+                                             static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse,
+                                             p.delta, seq, H, D, C, scale * kLog2e, scale, KV, p.dkv_stride,
+                                             p.dv_off);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_wgmma_kernel");
+  }
+  {
+    static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
+    constexpr size_t smem = DqSmemBytes<kD>();
+    auto kernel = flash_attention_backward_dq_wgmma_kernel<T, kD>;
+    RETURN_IF_ERROR(SetSmem(kernel, smem));
+    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dqkv), static_cast<const T*>(p.ds),
+                                             static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV);
+    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_wgmma_kernel");
+  }
+  return Status::OK();
+}
+
+}  // namespace
+
+Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
+                                         const FlashDsPasses& passes) {
+  if (!FlashWgmmaBuilt())
+    return FailedPrecondition("flash attention backward (wgmma): this build has no sm_90a code "
+                              "(CMAKE_CUDA_ARCHITECTURES without 90a)");
+  if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
+  if (s.head_dim > 128 || s.head_dim % 8 != 0)
+    return InvalidArgument("flash attention backward (wgmma): head_dim " + std::to_string(s.head_dim) +
+                           " (needs a multiple of 8, at most 128)");
+  const bool small = s.head_dim <= 64;
+  switch (s.dtype) {
+    case DType::kBF16:
+      return small ? Launch<bf16, 64>(stream, s, scale, passes) : Launch<bf16, 128>(stream, s, scale, passes);
+    case DType::kF16:
+      return small ? Launch<f16, 64>(stream, s, scale, passes) : Launch<f16, 128>(stream, s, scale, passes);
+    default:
+      return InvalidArgument("flash attention backward (wgmma): dtype must be f16 or bf16");
+  }
+}
+
+}  // namespace strata::kernels::cuda
