@@ -46,65 +46,17 @@ constexpr int kDqRows = 2 * kDsQueries;      // queries per dQ block: two panels
 constexpr int kSdsStride = kKeys + 8;        // dS staging row stride (elements)
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Bytes of one swizzled tile of `rows` rows and kCols 16-bit columns.
-template <int kCols>
-constexpr int TileBytes(int rows) {
-  return rows * kCols * 2;
-}
 // K, V + 2 x (Q, dO) + 2 dS staging tiles + 2 x (lse, delta), plus slack to
 // align the tiles to 1024 bytes.
 template <int kD>
 constexpr size_t DkDvSmemBytes() {
-  return 1024 + static_cast<size_t>(2 * TileBytes<kD>(kKeys) + 4 * TileBytes<kD>(kQueries)) +
+  return 1024 + static_cast<size_t>(2 * SwizzledTileBytes<kD>(kKeys) + 4 * SwizzledTileBytes<kD>(kQueries)) +
          2 * kQueries * kSdsStride * 2 + 4 * kQueries * sizeof(float);
 }
 // 2 x (dS of two panels, K).
 template <int kD>
 constexpr size_t DqSmemBytes() {
-  return 1024 + 2 * static_cast<size_t>(TileBytes<kKeys>(kDqRows) + TileBytes<kD>(kKeys));
-}
-
-// Rounds accumulator tile d (64 x N per warpgroup) into the A operand layout
-// of the next product: 16 K-columns per entry (column tiles 2 kk, 2 kk + 1).
-template <typename T, int kN>
-__device__ __forceinline__ void PackA(uint32_t (&a)[kN / 2][4], const float (&d)[kN][4]) {
-#pragma unroll
-  for (int kk = 0; kk < kN / 2; ++kk) {
-    a[kk][0] = PackPair<T>(d[2 * kk][0], d[2 * kk][1]);
-    a[kk][1] = PackPair<T>(d[2 * kk][2], d[2 * kk][3]);
-    a[kk][2] = PackPair<T>(d[2 * kk + 1][0], d[2 * kk + 1][1]);
-    a[kk][3] = PackPair<T>(d[2 * kk + 1][2], d[2 * kk + 1][3]);
-  }
-}
-
-// Writes this warpgroup's 64 x kD accumulator times `mul`, rounded to T, into
-// the swizzled tile `s` of kRows rows at its rows (16 per warp).
-template <typename T, int kD, int kRows>
-__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int nt = 0; nt < kD / 8; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = warp * 16 + g + r * 8, col = nt * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t*>(s + (col >> 6) * (kRows * 128) + Swizzle128(row, (col & 63) >> 3) +
-                                   (col & 7) * 2) = PackPair<T>(d[nt][2 * r] * mul, d[nt][2 * r + 1] * mul);
-    }
-}
-
-// Stores rows [row0, row0 + kRows) ∩ [0, seq), columns [0, D) of the
-// swizzled tile `s` to a (seq, row_stride) matrix.
-template <typename T, int kD, int kRows>
-__device__ __forceinline__ void StoreSwizzled(T* g, const unsigned char* s, int row0, int seq, int D,
-                                              int64_t row_stride) {
-  constexpr int kChunks = kD / 8;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    if (row0 + r < seq && c * 8 < D)
-      *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
-          *reinterpret_cast<const int4*>(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7));
-  }
+  return 1024 + 2 * static_cast<size_t>(SwizzledTileBytes<kKeys>(kDqRows) + SwizzledTileBytes<kD>(kKeys));
 }
 
 // grid (B*H, ceil(T / 128)), the first key blocks (most queries) first.
@@ -117,7 +69,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                int C, float scale_log2, float scale, int KV,
                                                int64_t dkv_stride, int64_t dv_off) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kKVTile = TileBytes<kD>(kKeys), kQTile = TileBytes<kD>(kQueries);
+  constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
@@ -290,8 +242,8 @@ __global__ void __launch_bounds__(kThreads, 1)
   AccToSwizzled<T, kD, kKeys>(sV, dv, 1.f);
   __syncthreads();
   T* dk_g = dkv + static_cast<int64_t>(b) * seq * dkv_stride + h * D;
-  StoreSwizzled<T, kD, kKeys>(dk_g, sK, k0, seq, D, dkv_stride);
-  StoreSwizzled<T, kD, kKeys>(dk_g + dv_off, sV, k0, seq, D, dkv_stride);
+  StoreSwizzled<T, kD, kKeys, kThreads>(dk_g, sK, k0, seq, D, dkv_stride);
+  StoreSwizzled<T, kD, kKeys, kThreads>(dk_g + dv_off, sV, k0, seq, D, dkv_stride);
 #else
   __trap();
 #endif
@@ -304,7 +256,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              const T* __restrict__ qkv, int seq, int H, int D, int C,
                                              float scale, int KV) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kDsTile = TileBytes<kKeys>(kDqRows), kKTile = TileBytes<kD>(kKeys);
+  constexpr int kDsTile = SwizzledTileBytes<kKeys>(kDqRows), kKTile = SwizzledTileBytes<kD>(kKeys);
   constexpr int kStage = kDsTile + kKTile;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
@@ -367,7 +319,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stage 0's dS tile is free after the last barrier: dQ through it.
   AccToSwizzled<T, kD, kDqRows>(base, dq, scale);
   __syncthreads();
-  StoreSwizzled<T, kD, kDqRows>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D, base, q0, seq, D,
+  StoreSwizzled<T, kD, kDqRows, kThreads>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * D, base, q0, seq, D,
                                 row_stride);
 #else
   __trap();

@@ -33,15 +33,10 @@ constexpr int kBr = 128;         // query rows per block (64 per warpgroup)
 constexpr int kBc = 128;         // keys per streamed K/V tile
 constexpr float kLog2e = 1.4426950408889634f;
 
-// Bytes of one swizzled tile of `rows` rows and kD 16-bit columns.
-template <int kD>
-constexpr int TileBytes(int rows) {
-  return rows * kD * 2;
-}
 // Q + 2 x (K, V), plus slack to align the tiles to 1024 bytes.
 template <int kD>
 constexpr size_t SmemBytes() {
-  return 1024 + static_cast<size_t>(TileBytes<kD>(kBr) + 4 * TileBytes<kD>(kBc));
+  return 1024 + static_cast<size_t>(SwizzledTileBytes<kD>(kBr) + 4 * SwizzledTileBytes<kD>(kBc));
 }
 
 // grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
@@ -52,7 +47,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
                                          float scale_log2, int KV) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  constexpr int kQTile = TileBytes<kD>(kBr), kKVTile = TileBytes<kD>(kBc);
+  constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
   unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
   unsigned char* sQ = base;           // (kD/64 blocks, kBr rows, 128 B)
@@ -138,15 +133,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     }
     SoftmaxTileProbs<kBc / 8, true>(s, m_run, l_run, scale_log2, alpha);
   };
-  auto pack_p = [&] {
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk) {
-      p[kk][0] = PackPair<T>(s[2 * kk][0], s[2 * kk][1]);
-      p[kk][1] = PackPair<T>(s[2 * kk][2], s[2 * kk][3]);
-      p[kk][2] = PackPair<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      p[kk][3] = PackPair<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-    }
-  };
+  auto pack_p = [&] { PackA<T, kBc / 8>(p, s); };
 
   // Tile 0: S_0 alone.
   next_tiles(0);
@@ -196,23 +183,9 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   }
   // O through sQ (free: every warp passed the loop's last barrier, and the
   // wgmma reads of Q completed before it), swizzled as Q was.
-#pragma unroll
-  for (int nt = 0; nt < kD / 8; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + r * 8, col = nt * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sQ + (col >> 6) * (kBr * 128) + Swizzle128(row, (col & 63) >> 3) +
-                                   (col & 7) * 2) = PackPair<T>(o[nt][2 * r], o[nt][2 * r + 1]);
-    }
+  AccToSwizzled<T, kD, kBr>(sQ, o, 1.f);
   __syncthreads();
-  T* out_g = out + static_cast<int64_t>(b) * seq * C + h * D;
-  constexpr int kChunks = kD / 8;
-  for (int i = threadIdx.x; i < kBr * kChunks; i += kWgThreads) {
-    const int r = i / kChunks, c = i % kChunks;
-    if (q0 + r < seq && c * 8 < D)
-      *reinterpret_cast<int4*>(out_g + static_cast<int64_t>(q0 + r) * C + c * 8) =
-          *reinterpret_cast<const int4*>(sQ + (c >> 3) * (kBr * 128) + Swizzle128(r, c & 7));
-  }
+  StoreSwizzled<T, kD, kBr, kWgThreads>(out + static_cast<int64_t>(b) * seq * C + h * D, sQ, q0, seq, D, C);
 #else
   __trap();
 #endif

@@ -89,6 +89,57 @@ __device__ __forceinline__ void LoadSwizzled(unsigned char* s, const T* g, int r
   }
 }
 
+// Bytes of one swizzled tile of `rows` rows and kCols 16-bit columns.
+template <int kCols>
+constexpr int SwizzledTileBytes(int rows) {
+  return rows * kCols * 2;
+}
+
+// Writes warpgroup accumulators (64 x kD per warpgroup; warp w of the block
+// holds rows 16 w .. 16 w + 15) times `mul`, rounded to T, into the swizzled
+// tile `s` of kRows rows.
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int nt = 0; nt < kD / 8; ++nt)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = warp * 16 + g + r * 8, col = nt * 8 + 2 * t4;
+      *reinterpret_cast<uint32_t*>(s + (col >> 6) * (kRows * 128) + Swizzle128(row, (col & 63) >> 3) +
+                                   (col & 7) * 2) = PackPair<T>(d[nt][2 * r] * mul, d[nt][2 * r + 1] * mul);
+    }
+}
+
+// Stores rows [row0, row0 + kRows) of [0, seq), columns [0, D) of the
+// swizzled tile `s` to a (seq, row_stride) matrix, from kThreads threads.
+template <typename T, int kD, int kRows, int kThreads>
+__device__ __forceinline__ void StoreSwizzled(T* g, const unsigned char* s, int row0, int seq, int D,
+                                              int64_t row_stride) {
+  constexpr int kChunks = kD / 8;
+  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
+    const int r = i / kChunks, c = i % kChunks;
+    if (row0 + r < seq && c * 8 < D)
+      *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
+          *reinterpret_cast<const int4*>(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7));
+  }
+}
+
+// Rounds an accumulator tile d (64 x 8 kN per warpgroup) into the A-operand
+// layout of the next product, 16 K-columns per entry (column tiles 2 kk and
+// 2 kk + 1): FlashAttention's P.
+template <typename T, int kN>
+__device__ __forceinline__ void PackA(uint32_t (&a)[kN / 2][4], const float (&d)[kN][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    a[kk][0] = PackPair<T>(d[2 * kk][0], d[2 * kk][1]);
+    a[kk][1] = PackPair<T>(d[2 * kk][2], d[2 * kk][3]);
+    a[kk][2] = PackPair<T>(d[2 * kk + 1][0], d[2 * kk + 1][1]);
+    a[kk][3] = PackPair<T>(d[2 * kk + 1][2], d[2 * kk + 1][3]);
+  }
+}
+
 // Shared-memory matrix descriptor, 128-byte swizzle. `addr` is a shared-space
 // byte address. K-major operands (rows along M/N, 64 K-elements per 128-byte
 // row): lbo is unused, sbo = 1024 (the next 8 rows). MN-major (transposed)
