@@ -109,12 +109,12 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
                               void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, void* workspace, const FlashVariant& variant);
 
-// flash_attention_sm90.cu — the wgmma forward (FlashFwdKernel::kWgmma). It
-// and the wgmma backward below
-// runs only where FlashWgmmaRuns: the binary has sm_90a code (CMake builds
-// the 90 architecture as 90a) and the GPU is compute capability 9.0 exactly
-// (sm_90a code runs nowhere else). Needs scale > 0 (FlashAttentionForward
-// falls back to the Bc 64 kernel otherwise).
+// flash_attention_sm90.cu — the wgmma forward (FlashFwdKernel::kWgmma). It,
+// and the wgmma backward below, run only where FlashWgmmaRuns: the binary
+// has sm_90a code (CMake builds the 90 architecture as 90a) and the GPU is
+// compute capability 9.0 exactly (sm_90a code runs nowhere else). The
+// forward needs scale > 0 (FlashAttentionForward falls back to the Bc 64
+// kernel otherwise).
 bool FlashWgmmaBuilt();
 inline bool FlashWgmmaRuns(int cc_major, int cc_minor) {
   return FlashWgmmaBuilt() && cc_major == 9 && cc_minor == 0;
