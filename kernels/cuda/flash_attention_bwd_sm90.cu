@@ -308,7 +308,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < kKeys / 16; ++kk)
-      WgmmaSSTransB<T, kD>(dq,
+      WgmmaSS<T, kD, /*kTransB=*/1>(dq,
                            SmemDescriptor(ds_addr + (kk >> 2) * (kDqRows * 128) + (kk & 3) * 32, 16, 1024),
                            SmemDescriptor(k_addr + kk * 16 * 128, kKeys * 128, 1024), 1);
     WgmmaCommit();
