@@ -10,6 +10,7 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -135,6 +136,15 @@ inline unsigned ElementwiseGrid(int64_t n) {
 
 // Calls f(T{}) with T the CUDA storage type of `dt` (float, bf16, f16);
 // InvalidArgument naming `what` for any other dtype.
+// Lets `kernel` launch with `bytes` of dynamic shared memory (past the 48 KiB
+// a launch gets without asking).
+template <typename Kernel>
+Status SetSmem(Kernel kernel, size_t bytes) {
+  CUDA_RETURN_IF_ERROR(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return Status::OK();
+}
+
 template <typename F>
 Status DispatchFloat(DType dt, const char* what, F&& f) {
   switch (dt) {

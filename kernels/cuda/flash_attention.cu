@@ -872,13 +872,6 @@ __global__ void __launch_bounds__(kThreads)
 #endif
 }
 
-template <typename Kernel>
-Status SetSmem(Kernel k, size_t bytes) {
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  return Status::OK();
-}
-
 // Where the dK/dV kernels write: dqkv's k and v columns without GQA; with
 // it, per query head into dkv_ws (B, T, 2C: dK | dV), summed over each
 // group into dqkv by SumGroups (K and V themselves are never replicated).

@@ -29,7 +29,6 @@
 //
 // Built for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernels
 // trap and FlashWgmmaBuilt() (flash_attention_sm90.cu) says so.
-#include "base/cuda_check.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -324,13 +323,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #else
   __trap();
 #endif
-}
-
-template <typename Kernel>
-Status SetSmem(Kernel k, size_t bytes) {
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  return Status::OK();
 }
 
 template <typename T, int kD>

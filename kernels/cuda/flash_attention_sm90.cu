@@ -198,8 +198,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   const int seq = static_cast<int>(s.seq), C = H * D;
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
-  CUDA_RETURN_IF_ERROR(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  RETURN_IF_ERROR(SetSmem(kernel, smem));
   dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kBr));
   kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
                                              H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
