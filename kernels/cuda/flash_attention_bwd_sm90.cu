@@ -120,6 +120,21 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
+  // acc (this warpgroup's 64 keys x 64 queries) = the key rows at kv_addr
+  // (K or V) times the query rows at qd_addr (Q or dO) over the head dim, 16
+  // at a time: column block kk / 4 of the tiles, 32 bytes into its swizzled
+  // rows per step; one commit group.
+  auto issue_keys_by_queries = [&](float (&acc)[kNq][4], uint32_t kv_addr, uint32_t qd_addr) {
+#pragma unroll
+    for (int kk = 0; kk < kD / 16; ++kk) {
+      const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
+      const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
+      WgmmaSS<T, kQueries>(acc, SmemDescriptor(kv_addr + off, 16, 1024), SmemDescriptor(qd_addr + qoff, 16, 1024),
+                           kk > 0);
+    }
+    WgmmaCommit();
+  };
+
   const int n_qt = (seq + kQueries - 1) / kQueries;
   const int qt_begin = k0 / kQueries;  // queries before k0 see none of these keys
   LoadSwizzled<T, kD, kKeys, kThreads>(sK, k_g, k0, seq, D, row_stride);
@@ -153,22 +168,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     float s[kNq][4], dp[kNq][4];
     if (active) {
       WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
-        const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
-        WgmmaSS<T, kQueries>(s, SmemDescriptor(k_addr + off, 16, 1024), SmemDescriptor(q_addr + qoff, 16, 1024),
-                             kk > 0);
-      }
-      WgmmaCommit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
-        const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
-        WgmmaSS<T, kQueries>(dp, SmemDescriptor(v_addr + off, 16, 1024), SmemDescriptor(do_addr + qoff, 16, 1024),
-                             kk > 0);
-      }
-      WgmmaCommit();
+      issue_keys_by_queries(s, k_addr, q_addr);    // S^T
+      issue_keys_by_queries(dp, v_addr, do_addr);  // dP^T
     }
     // The previous tile's dS out while S^T and dP^T run (its buffer was
     // completed before the previous iteration's last barrier).
