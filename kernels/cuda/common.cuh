@@ -61,6 +61,9 @@ inline bool Aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 
 
 // ---- math ----------------------------------------------------------------
 
+// log2(e): the flash kernels keep scores and lse in the log2 domain (exp2).
+constexpr float kLog2e = 1.4426950408889634f;
+
 // tanh-GELU and its derivative (the same formula as the CPU backend).
 __device__ __forceinline__ float GeluF(float x) {
   constexpr float kS = 0.7978845608028654f;  // sqrt(2/pi)

@@ -41,7 +41,6 @@ constexpr int kThreads = 128;    // 4 warps
 constexpr int kWarps = 4;
 constexpr int kDkDvKeys = 64;     // keys per dK/dV block (16 per warp)
 constexpr int kBwdQueries = 32;   // queries per streamed tile (dK/dV)
-constexpr float kLog2e = 1.4426950408889634f;
 
 template <int kD>
 struct Tile {

@@ -43,7 +43,6 @@ constexpr int kKeys = kDsKeys;               // keys per dK/dV block (64 per war
 constexpr int kQueries = kDsQueries;         // queries per streamed dK/dV tile = rows of a panel
 constexpr int kDqRows = 2 * kDsQueries;      // queries per dQ block: two panels
 constexpr int kSdsStride = kKeys + 8;        // dS staging row stride (elements)
-constexpr float kLog2e = 1.4426950408889634f;
 
 // K, V + 2 x (Q, dO) + 2 dS staging tiles + 2 x (lse, delta), plus slack to
 // align the tiles to 1024 bytes.

@@ -31,7 +31,6 @@ namespace {
 constexpr int kWgThreads = 256;  // 2 warpgroups
 constexpr int kBr = 128;         // query rows per block (64 per warpgroup)
 constexpr int kBc = 128;         // keys per streamed K/V tile
-constexpr float kLog2e = 1.4426950408889634f;
 
 // Q + 2 x (K, V), plus slack to align the tiles to 1024 bytes.
 template <int kD>
