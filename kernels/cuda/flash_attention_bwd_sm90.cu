@@ -162,58 +162,52 @@ __global__ void __launch_bounds__(kThreads, 1)
     const float* l_s = sL + stage * kQueries;
     const float* d_s = sDelta + stage * kQueries;
     const uint32_t q_addr = SmemAddr(sQ + stage * kQTile), do_addr = SmemAddr(sdO + stage * kQTile);
-    // Some key of this warpgroup's at or before some query of the tile (else P = 0).
-    const bool active = key_wg <= q_base + kQueries - 1;
+    // No branch on whether this warpgroup's keys reach the tile's queries at
+    // all (the first tile of warpgroup 1 does not): ptxas cannot prove such a
+    // branch warpgroup-uniform and then serializes every wgmma of the kernel
+    // (C7518). The products of such a tile are masked to zero, the same bits.
     float s[kNq][4], dp[kNq][4];
-    if (active) {
-      WgmmaFence();
-      issue_keys_by_queries(s, k_addr, q_addr);    // S^T
-      issue_keys_by_queries(dp, v_addr, do_addr);  // dP^T
-    }
+    WgmmaFence();
+    issue_keys_by_queries(s, k_addr, q_addr);    // S^T
+    issue_keys_by_queries(dp, v_addr, do_addr);  // dP^T
     // The previous tile's dS out while S^T and dP^T run (its buffer was
     // completed before the previous iteration's last barrier).
     if (it > qt_begin) copy_ds(stage ^ 1, it - 1);
-    uint32_t ds_a[kNq / 2][4];
-    if (active) {
-      WgmmaWait<1>();  // S^T is done; dP^T may still run
-      FenceAccumulator(s);
-      // Some key of this warpgroup's after some query of the tile: mask.
-      const bool diagonal = key_wg + 63 > q_base;
+    WgmmaWait<1>();  // S^T is done; dP^T may still run
+    FenceAccumulator(s);
+    // Some key of this warpgroup's after some query of the tile: mask.
+    const bool diagonal = key_wg + 63 > q_base;
 #pragma unroll
-      for (int nt = 0; nt < kNq; ++nt)
+    for (int nt = 0; nt < kNq; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int ql = nt * 8 + 2 * t4 + (e & 1);
-          float pv = exp2f(s[nt][e] * scale_log2 - l_s[ql]);
-          if (diagonal && key_wg + (warp & 3) * 16 + g + (e >> 1) * 8 > q_base + ql) pv = 0.f;
-          s[nt][e] = pv;
-        }
-      WgmmaWait<0>();
-      FenceAccumulator(dp);
+      for (int e = 0; e < 4; ++e) {
+        const int ql = nt * 8 + 2 * t4 + (e & 1);
+        float pv = exp2f(s[nt][e] * scale_log2 - l_s[ql]);
+        if (diagonal && key_wg + (warp & 3) * 16 + g + (e >> 1) * 8 > q_base + ql) pv = 0.f;
+        s[nt][e] = pv;
+      }
+    WgmmaWait<0>();
+    FenceAccumulator(dp);
 #pragma unroll
-      for (int nt = 0; nt < kNq; ++nt)
+    for (int nt = 0; nt < kNq; ++nt)
 #pragma unroll
-        for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - d_s[nt * 8 + 2 * t4 + (e & 1)]);
-      uint32_t p_a[kNq / 2][4];
-      PackA<T, kNq>(p_a, s);
-      PackA<T, kNq>(ds_a, dp);
-      FenceAccumulator(p_a);
-      FenceAccumulator(ds_a);
-      FenceAccumulator(dv);
-      FenceAccumulator(dk);
-      WgmmaFence();
-      // dV += P^T dO, dK += dS^T Q (the scale is applied at the end).
+      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - d_s[nt * 8 + 2 * t4 + (e & 1)]);
+    uint32_t p_a[kNq / 2][4], ds_a[kNq / 2][4];
+    PackA<T, kNq>(p_a, s);
+    PackA<T, kNq>(ds_a, dp);
+    FenceAccumulator(p_a);
+    FenceAccumulator(ds_a);
+    FenceAccumulator(dv);
+    FenceAccumulator(dk);
+    WgmmaFence();
+    // dV += P^T dO, dK += dS^T Q (the scale is applied at the end).
 #pragma unroll
-      for (int kk = 0; kk < kQueries / 16; ++kk)
-        WgmmaRS<T, kD>(dv, p_a[kk], SmemDescriptor(do_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
+    for (int kk = 0; kk < kQueries / 16; ++kk)
+      WgmmaRS<T, kD>(dv, p_a[kk], SmemDescriptor(do_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
 #pragma unroll
-      for (int kk = 0; kk < kQueries / 16; ++kk)
-        WgmmaRS<T, kD>(dk, ds_a[kk], SmemDescriptor(q_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
-      WgmmaCommit();
-    } else {
-#pragma unroll
-      for (int kk = 0; kk < kNq / 2; ++kk) ds_a[kk][0] = ds_a[kk][1] = ds_a[kk][2] = ds_a[kk][3] = 0u;
-    }
+    for (int kk = 0; kk < kQueries / 16; ++kk)
+      WgmmaRS<T, kD>(dk, ds_a[kk], SmemDescriptor(q_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
+    WgmmaCommit();
     // dS^T (the operand's bits) into sdS as [query][key] while dV and dK run.
     {
       uint16_t* dst = sdS + stage * kQueries * kSdsStride;
@@ -227,11 +221,9 @@ __global__ void __launch_bounds__(kThreads, 1)
           dst[(ql + 1) * kSdsStride + kl] = static_cast<uint16_t>(ds_a[kk][e] >> 16);
         }
     }
-    if (active) {
-      WgmmaWait<0>();
-      FenceAccumulator(dv);
-      FenceAccumulator(dk);
-    }
+    WgmmaWait<0>();
+    FenceAccumulator(dv);
+    FenceAccumulator(dk);
     __syncthreads();  // this dS buffer is whole; every read of this stage is done (refilled next)
   }
   copy_ds((n_qt - 1 - qt_begin) & 1, n_qt - 1);
