@@ -57,7 +57,8 @@ constexpr size_t DqSmemBytes() {
   return 1024 + 2 * static_cast<size_t>(SwizzledTileBytes<kKeys>(kDqRows) + SwizzledTileBytes<kD>(kKeys));
 }
 
-// grid (B*H, ceil(T / 128)), the first key blocks (most queries) first.
+// grid ceil(T / 128) * B * H (FlashBlockTile), the first key block of a head
+// (most queries) first.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma_kernel(T* __restrict__ dkv, T* __restrict__ ds_ws,
@@ -65,7 +66,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                const float* __restrict__ lse,
                                                const float* __restrict__ delta, int seq, int H, int D,
                                                int C, float scale_log2, float scale, int KV,
-                                               int64_t dkv_stride, int64_t dv_off) {
+                                               int64_t dkv_stride, int64_t dv_off, int head_major) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
@@ -82,8 +83,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wg = warp >> 2;  // warpgroup: keys 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int k0 = blockIdx.y * kKeys;
+  const int n_tiles = (seq + kKeys - 1) / kKeys;
+  const HeadTile ht = FlashBlockTile(n_tiles, static_cast<int>(gridDim.x) / n_tiles, head_major);
+  const int bh = ht.bh, b = bh / H, h = bh % H;
+  const int k0 = ht.tile * kKeys;
   const int key_wg = k0 + wg * 64;  // this warpgroup's first key
   const int64_t row_stride = C + 2LL * KV * D;
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
@@ -240,12 +243,13 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
+// grid ceil(T / 128) * B * H (FlashBlockTile), the last query block of a head
+// (most keys) first.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma_kernel(T* __restrict__ dqkv, const T* __restrict__ ds_ws,
                                              const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                             float scale, int KV) {
+                                             float scale, int KV, int head_major) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kDsTile = SwizzledTileBytes<kKeys>(kDqRows), kKTile = SwizzledTileBytes<kD>(kKeys);
   constexpr int kStage = kDsTile + kKTile;
@@ -254,8 +258,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   // Stage s: dS (2 blocks of 64 keys, 128 queries, 128 B) at base + s kStage, K right after it.
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int mb = gridDim.y - 1 - blockIdx.y;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
+  const int n_tiles = (seq + kDqRows - 1) / kDqRows;
+  const HeadTile ht = FlashBlockTile(n_tiles, static_cast<int>(gridDim.x) / n_tiles, head_major);
+  const int bh = ht.bh, b = bh / H, h = bh % H;
+  const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;
   const int64_t row_stride = C + 2LL * KV * D;
   const T* k_g = qkv + static_cast<int64_t>(b) * seq * row_stride + C + (h / (H / KV)) * D;
@@ -321,7 +327,7 @@ template <typename T, int kD>
 Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
   const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
   const int seq = static_cast<int>(s.seq), C = H * D, KV = static_cast<int>(s.kv());
-  const dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kKeys));
+  const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kKeys);
   {
     constexpr size_t smem = DkDvSmemBytes<kD>();
     auto kernel = flash_attention_backward_dkdv_wgmma_kernel<T, kD>;
@@ -329,7 +335,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dkv), static_cast<T*>(p.ds),
                                              static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse,
                                              p.delta, seq, H, D, C, scale * kLog2e, scale, KV, p.dkv_stride,
-                                             p.dv_off);
+                                             p.dv_off, FlashHeadMajor());
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_wgmma_kernel");
   }
   {
@@ -338,7 +344,8 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     auto kernel = flash_attention_backward_dq_wgmma_kernel<T, kD>;
     RETURN_IF_ERROR(SetSmem(kernel, smem));
     kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dqkv), static_cast<const T*>(p.ds),
-                                             static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV);
+                                             static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV,
+                                             FlashHeadMajor());
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_wgmma_kernel");
   }
   return Status::OK();

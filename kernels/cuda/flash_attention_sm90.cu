@@ -38,13 +38,14 @@ constexpr size_t SmemBytes() {
   return 1024 + static_cast<size_t>(SwizzledTileBytes<kD>(kBr) + 4 * SwizzledTileBytes<kD>(kBc));
 }
 
-// grid (B*H, ceil(T / 128)), the last query blocks (most keys) first.
+// grid ceil(T / 128) * B * H (FlashBlockTile), the last query block of a
+// head (most keys) first.
 // Needs scale_log2 > 0 (the FMA form keeps the running max in raw units).
 template <typename T, int kD>
 __global__ void __launch_bounds__(kWgThreads, 1)
     flash_attention_forward_wgmma_kernel(T* __restrict__ out, float* __restrict__ lse,
                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                         float scale_log2, int KV) {
+                                         float scale_log2, int KV, int head_major) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -56,8 +57,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
-  const int bh = blockIdx.x, b = bh / H, h = bh % H;
-  const int q0 = (gridDim.y - 1 - blockIdx.y) * kBr;
+  const int n_tiles = (seq + kBr - 1) / kBr;
+  const HeadTile ht = FlashBlockTile(n_tiles, static_cast<int>(gridDim.x) / n_tiles, head_major);
+  const int bh = ht.bh, b = bh / H, h = bh % H;
+  const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   const int row0 = warp * 16;  // this warp's first row in the block
   const int64_t row_stride = C + 2LL * KV * D;  // q | k | v of KV key/value heads
   const T* q_g = qkv + static_cast<int64_t>(b) * seq * row_stride + h * D;
@@ -198,9 +201,10 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
   RETURN_IF_ERROR(SetSmem(kernel, smem));
-  dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, kBr));
+  const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
-                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
+                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()),
+                                             FlashHeadMajor());
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_wgmma_kernel");
   return Status::OK();
 }
