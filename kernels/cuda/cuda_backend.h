@@ -36,6 +36,10 @@ enum class FlashFwdKernel : uint8_t {
   kBc64,  // 4 warps x 32 query rows, K/V tiles of 64 keys, exp2 of one FMA per score
   kWgmma,  // Hopper wgmma: 2 warpgroups x 64 query rows, K/V tiles of 128 keys
            // (sm_90a code on a compute-capability 9.0 GPU only)
+  kTma,    // kWgmma's products, warp-specialized: a producer warpgroup loads
+           // with TMA, the 2 consumer warpgroups only compute (head_dim 64 or
+           // 128; other shapes run kWgmma)
+  kTmaPingpong,  // kTma with the consumer warpgroups taking turns at the tensor cores
 };
 enum class FlashBwdKernel : uint8_t {
   kTwoPass,  // dK/dV pass (64 keys, 16 per warp) + dQ pass, both recompute P: 7 matmuls
@@ -60,6 +64,8 @@ struct FlashVariant {
 inline constexpr FlashVariant kFlashVariants[] = {
     {"v4", FlashFwdKernel::kWgmma, FlashBwdKernel::kWgmma, "fwd wgmma, bwd v2's scheme on wgmma (sm_90a)"},
     {"v3", FlashFwdKernel::kWgmma, FlashBwdKernel::kDsBuffer, "fwd wgmma (sm_90a), bwd as v2"},
+    {"v5", FlashFwdKernel::kTma, FlashBwdKernel::kWgmma, "fwd wgmma fed by a TMA producer warpgroup, bwd as v4"},
+    {"v5pp", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kWgmma, "v5 with ping-pong consumer warpgroups"},
     {"v2", FlashFwdKernel::kBc64, FlashBwdKernel::kDsBuffer, "fwd Bc 64 + FMA exp2, bwd FA2 dK/dV + dS buffer + dQ"},
     {"v1", FlashFwdKernel::kBc32, FlashBwdKernel::kTwoPass, "fwd Bc 32, bwd two passes (7 matmuls)"},
     {"fwd64", FlashFwdKernel::kBc64, FlashBwdKernel::kTwoPass, "fwd Bc 64 + FMA exp2, bwd two passes"},

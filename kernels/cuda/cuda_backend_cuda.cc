@@ -636,7 +636,8 @@ class CudaBackend final : public Backend {
 }  // namespace
 
 bool FlashVariantRuns(const FlashVariant& v, int cc_major, int cc_minor) {
-  if (v.fwd == FlashFwdKernel::kWgmma || v.bwd == FlashBwdKernel::kWgmma)
+  if (v.fwd == FlashFwdKernel::kWgmma || v.fwd == FlashFwdKernel::kTma ||
+      v.fwd == FlashFwdKernel::kTmaPingpong || v.bwd == FlashBwdKernel::kWgmma)
     return cuda::FlashWgmmaRuns(cc_major, cc_minor);
   return cc_major >= 8;
 }

@@ -1070,9 +1070,14 @@ Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float
     constexpr int kD = decltype(dim)::value;
     // The wgmma kernel and the FMA form keep the max in raw score units:
     // right only for a positive scale (else the Bc 64 kernel without it).
-    if (variant.fwd == FlashFwdKernel::kWgmma && scale > 0.f)
-      return FlashAttentionForwardWgmma(stream, s, scale, out, lse, qkv);
-    if (variant.fwd == FlashFwdKernel::kBc64 || variant.fwd == FlashFwdKernel::kWgmma) {
+    const bool hopper = variant.fwd == FlashFwdKernel::kWgmma || variant.fwd == FlashFwdKernel::kTma ||
+                        variant.fwd == FlashFwdKernel::kTmaPingpong;
+    if (hopper && scale > 0.f) {
+      if (variant.fwd == FlashFwdKernel::kWgmma) return FlashAttentionForwardWgmma(stream, s, scale, out, lse, qkv);
+      return FlashAttentionForwardTma(stream, s, scale, out, lse, qkv,
+                                      variant.fwd == FlashFwdKernel::kTmaPingpong);
+    }
+    if (variant.fwd == FlashFwdKernel::kBc64 || hopper) {
       // The FMA form keeps the max in raw score units: right only for a positive scale.
       if (scale > 0.f) return LaunchForward<T, kD, 64, true>(stream, s, scale, out, lse, qkv);
       return LaunchForward<T, kD, 64, false>(stream, s, scale, out, lse, qkv);

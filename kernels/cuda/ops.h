@@ -122,6 +122,14 @@ inline bool FlashWgmmaRuns(int cc_major, int cc_minor) {
 Status FlashAttentionForwardWgmma(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
                                   float* lse, const void* qkv);
 
+// flash_attention_fwd_tma_sm90.cu — the warp-specialized forward
+// (FlashFwdKernel::kTma, kTmaPingpong with `pingpong`), where FlashWgmmaRuns
+// and scale > 0. FlashTmaCovers says which shapes it takes (head_dim 64 or
+// 128, 16-byte aligned qkv); it runs FlashAttentionForwardWgmma for others.
+bool FlashTmaCovers(const AttentionShape& s, const void* qkv);
+Status FlashAttentionForwardTma(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
+                                float* lse, const void* qkv, bool pingpong);
+
 // flash_attention_bwd_sm90.cu — the two passes of the dS-buffer backward on
 // wgmma (FlashBwdKernel::kWgmma), where FlashWgmmaRuns: dK/dV (into dkv, row
 // stride dkv_stride, dV dv_off elements after dK) writing the dS panels of

@@ -261,6 +261,45 @@ TEST_P(CudaAttentionTest, EveryFlashVariantMatchesCpuAndIsDeterministic) {
   }
 }
 
+// The TMA-fed forwards (v5, v5pp) run v3's products in v3's order: the same
+// bits, so a pipeline slip (a stage read before it landed or after it was
+// refilled) shows even where it would stay inside the CPU tolerance.
+TEST_P(CudaAttentionTest, TmaForwardHasTheWgmmaForwardsBits) {
+  const AttnCase c = GetParam();
+  if (!FlashShape(c) || !sm80_) GTEST_SKIP() << "the flash kernels do not take this case";
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  const FlashVariant* v3 = FindFlashVariant("v3");
+  ASSERT_NE(v3, nullptr);
+  if (!::strata::testing::FlashVariantRunsHere(*v3)) GTEST_SKIP() << "the wgmma kernels need an sm_90a build on a 9.0 GPU";
+  SCOPED_TRACE(::strata::testing::SeedNote(seed_));
+  auto& mir = *mirrors_;
+  const size_t es = DTypeSize(c.dt);
+  auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -2.f, 2.f), c.dt);
+  Mirror out = mir.Make(c.B * c.T * C_ * es);
+  Mirror lse = mir.Make(c.B * c.H * c.T * 4);
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_))));
+  auto forward = [&](const char* name, std::vector<uint8_t>* o_bytes, std::vector<uint8_t>* l_bytes) {
+    ASSERT_OK(SetFlashVariant(flash.get(), name));
+    mir.PoisonGpu(out);
+    mir.PoisonGpu(lse);
+    ASSERT_OK(flash->AttentionForward(shape_, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), ws.data()));
+    ASSERT_OK(flash->Synchronize());
+    *o_bytes = mir.GpuBytes(out);
+    *l_bytes = mir.GpuBytes(lse);
+  };
+  std::vector<uint8_t> out3, lse3;
+  forward("v3", &out3, &lse3);
+  for (const char* name : {"v5", "v5pp"}) {
+    std::vector<uint8_t> o5, l5;
+    forward(name, &o5, &l5);
+    EXPECT_TRUE(o5 == out3) << name << ": out differs from v3's";
+    EXPECT_TRUE(l5 == lse3) << name << ": lse differs from v3's";
+  }
+}
+
 std::vector<AttnCase> Cases() {
   const DType bf16 = DType::kBF16, f16 = DType::kF16, f32 = DType::kF32;
   return {
