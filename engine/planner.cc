@@ -458,21 +458,19 @@ Result<Plan> MakePlan(const PlanInputs& in) {
 
 std::string Plan::Table(uint64_t gpu_budget, uint64_t host_budget) const {
   std::ostringstream os;
-  char line[256];
-  std::snprintf(line, sizeof line, "%-46s %12s %12s %12s\n", "state", "gpu", "host", "nvme");
-  os << line;
+  // The first column as wide as its longest name, so the byte columns line up.
+  int name_width = 6;  // "budget"
+  for (const auto& r : rows) name_width = std::max(name_width, static_cast<int>(r.kind.size()));
+  auto put = [&](const std::string& name, const std::string& gpu, const std::string& host, const std::string& nvme) {
+    char line[64];
+    std::snprintf(line, sizeof line, " %12s %12s %12s\n", gpu.c_str(), host.c_str(), nvme.c_str());
+    os << name << std::string(static_cast<size_t>(name_width) - name.size(), ' ') << line;
+  };
   auto cell = [](uint64_t b) { return b ? FormatBytes(b) : std::string("-"); };
-  for (const auto& r : rows) {
-    std::snprintf(line, sizeof line, "%-46s %12s %12s %12s\n", r.kind.c_str(), cell(r.gpu).c_str(),
-                  cell(r.host).c_str(), cell(r.nvme).c_str());
-    os << line;
-  }
-  std::snprintf(line, sizeof line, "%-46s %12s %12s %12s\n", "total", cell(gpu_total).c_str(),
-                cell(host_total).c_str(), cell(nvme_total).c_str());
-  os << line;
-  std::snprintf(line, sizeof line, "%-46s %12s %12s %12s\n", "budget", FormatBytes(gpu_budget).c_str(),
-                FormatBytes(host_budget).c_str(), "-");
-  os << line;
+  put("state", "gpu", "host", "nvme");
+  for (const auto& r : rows) put(r.kind, cell(r.gpu), cell(r.host), cell(r.nvme));
+  put("total", cell(gpu_total), cell(host_total), cell(nvme_total));
+  put("budget", FormatBytes(gpu_budget), FormatBytes(host_budget), "-");
   if (optimizer_offload_ratio < 1) {
     // offload_optimizer.ratio: which shards keep their optimizer state on the GPU.
     char pct[32];

@@ -2,6 +2,8 @@
 #include "engine/planner.h"
 
 #include <cmath>
+#include <sstream>
+#include <string>
 
 #include "base/bytes.h"
 #include "tests/test_util.h"
@@ -158,6 +160,28 @@ TEST(Planner, StageThreeGathersTheParametersInsteadOfPlacingThem) {
   // uploads this rank's half of it to be gathered.
   EXPECT_EQ(three.h2d + P * in.param_bytes, two.h2d + 2 * (P / 2) * in.param_bytes);
   EXPECT_THAT(three.Table(in.gpu_budget, in.host_budget), HasSubstr("gathered at each use"));
+}
+
+// The byte columns line up whatever the longest state name (stage 3's
+// parameters row is longer than the others): the header, every row, the
+// total and the budget end at the same column.
+TEST(Planner, TableColumnsLineUpPastTheLongestName) {
+  PlanInputs in = SmallOffloaded();
+  in.zero_partitions = 2;
+  in.partitioned = in.gathers_params = in.partitions_grads = true;
+  in.offload_param = "cpu";
+  ASSERT_OK_AND_ASSIGN(Plan p, MakePlan(in));
+  const std::string table = p.Table(in.gpu_budget, in.host_budget);
+  std::istringstream lines(table);
+  std::string line;
+  size_t width = 0, rows = 0;
+  while (std::getline(lines, line) && rows < p.rows.size() + 3) {
+    if (width == 0) width = line.size();
+    EXPECT_EQ(line.size(), width) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, p.rows.size() + 3);
+  EXPECT_THAT(table, HasSubstr("parameters (ZeRO stage 3: gathered at each use) "));
 }
 
 // Nothing streams to lend its room when the parameters stay (resident, or
