@@ -56,16 +56,18 @@ struct FlashVariant {
   const char* summary;
 };
 // The default is the first entry that runs on the GPU (FlashVariantRuns):
-// v4 on an H100/H200 built with sm_90a code, else v2. v2 measured fastest of
+// v5pp on an H100/H200 built with sm_90a code, else v2. v5pp's forward ran at
+// 1.6x v4's on an H100 (strata-bench attention, 1.3B shape: 458 vs 286
+// TFLOP/s; v5 without ping-pong 430), the same backward. v2 measured fastest of
 // the mma.sync variants on the H200 (strata-bench attention, 1.3B shape: fwd
 // 269 vs 239 TFLOP/s, bwd 203 vs 173 for v1), at the cost of a dS workspace
 // of about B*H*T*T bytes that the planner counts in the layer's scratch. v1
 // is the small-workspace fallback.
 inline constexpr FlashVariant kFlashVariants[] = {
+    {"v5pp", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kWgmma, "v5 with ping-pong consumer warpgroups (sm_90a)"},
+    {"v5", FlashFwdKernel::kTma, FlashBwdKernel::kWgmma, "fwd wgmma fed by a TMA producer warpgroup, bwd as v4"},
     {"v4", FlashFwdKernel::kWgmma, FlashBwdKernel::kWgmma, "fwd wgmma, bwd v2's scheme on wgmma (sm_90a)"},
     {"v3", FlashFwdKernel::kWgmma, FlashBwdKernel::kDsBuffer, "fwd wgmma (sm_90a), bwd as v2"},
-    {"v5", FlashFwdKernel::kTma, FlashBwdKernel::kWgmma, "fwd wgmma fed by a TMA producer warpgroup, bwd as v4"},
-    {"v5pp", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kWgmma, "v5 with ping-pong consumer warpgroups"},
     {"v2", FlashFwdKernel::kBc64, FlashBwdKernel::kDsBuffer, "fwd Bc 64 + FMA exp2, bwd FA2 dK/dV + dS buffer + dQ"},
     {"v1", FlashFwdKernel::kBc32, FlashBwdKernel::kTwoPass, "fwd Bc 32, bwd two passes (7 matmuls)"},
     {"fwd64", FlashFwdKernel::kBc64, FlashBwdKernel::kTwoPass, "fwd Bc 64 + FMA exp2, bwd two passes"},

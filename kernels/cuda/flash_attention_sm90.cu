@@ -45,7 +45,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kWgThreads, 1)
     flash_attention_forward_wgmma_kernel(T* __restrict__ out, float* __restrict__ lse,
                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                         float scale_log2, int KV, int head_major) {
+                                         float scale_log2, int KV) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
   const int n_tiles = (seq + kBr - 1) / kBr;
-  const HeadTile ht = FlashBlockTile(n_tiles, static_cast<int>(gridDim.x) / n_tiles, head_major);
+  const HeadTile ht = FlashBlockTile(n_tiles);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   const int row0 = warp * 16;  // this warp's first row in the block
@@ -203,8 +203,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   RETURN_IF_ERROR(SetSmem(kernel, smem));
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
-                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()),
-                                             FlashHeadMajor());
+                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_wgmma_kernel");
   return Status::OK();
 }

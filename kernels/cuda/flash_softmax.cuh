@@ -82,7 +82,11 @@ __device__ __forceinline__ void FinishSoftmaxRows(float (&o)[kNO][4], const floa
     l += __shfl_xor_sync(0xffffffffu, l, 1);
     l += __shfl_xor_sync(0xffffffffu, l, 2);
     const float inv = 1.f / l;
-    lse_out[r] = ((kFma ? m_run[r] * scale_log2 : m_run[r]) + log2f(l)) * kLn2;
+    // Rounding spelled out (__fmaf_rn, __fadd_rn): left to ptxas, whether
+    // m * scale + log2 l fuses into one FMA depended on the kernel around
+    // it, and the kernels that share these products gave different lse bits.
+    const float log2_l = log2f(l);
+    lse_out[r] = (kFma ? __fmaf_rn(m_run[r], scale_log2, log2_l) : __fadd_rn(m_run[r], log2_l)) * kLn2;
 #pragma unroll
     for (int nt = 0; nt < kNO; ++nt) {
       o[nt][2 * r] *= inv;

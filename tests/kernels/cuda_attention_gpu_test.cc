@@ -382,9 +382,9 @@ TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
       break;
     }
   ASSERT_NE(expected, nullptr);
-  const FlashVariant* v4 = FindFlashVariant("v4");
-  ASSERT_NE(v4, nullptr);
-  if (::strata::testing::FlashVariantRunsHere(*v4)) EXPECT_STREQ(expected, "v4");
+  const FlashVariant* hopper = FindFlashVariant("v5pp");
+  ASSERT_NE(hopper, nullptr);
+  if (::strata::testing::FlashVariantRunsHere(*hopper)) EXPECT_STREQ(expected, "v5pp");
   else EXPECT_STREQ(expected, "v2");
 
   if (const char* e = std::getenv("STRATA_FLASH_VARIANT"); e && *e)
@@ -403,10 +403,10 @@ TEST_F(CudaAttentionErrorTest, DefaultVariantIsTheFirstThatRunsHere) {
   ASSERT_EQ(t.size(), 1u);
   EXPECT_EQ(t[0].op, std::string("attention_fwd (flash ") + expected + ")");
 
-  if (!::strata::testing::FlashVariantRunsHere(*v4)) {
-    o.flash_variant = "v4";
+  if (!::strata::testing::FlashVariantRunsHere(*hopper)) {
+    o.flash_variant = "v5pp";
     EXPECT_THAT(MakeCudaBackend(o).status(), StatusIs(StatusCode::kFailedPrecondition));
-    EXPECT_THAT(SetFlashVariant(be.get(), "v4"), StatusIs(StatusCode::kFailedPrecondition));
+    EXPECT_THAT(SetFlashVariant(be.get(), "v5pp"), StatusIs(StatusCode::kFailedPrecondition));
   }
 }
 
