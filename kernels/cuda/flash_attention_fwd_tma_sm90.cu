@@ -23,6 +23,7 @@
 #include <cuda.h>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_fwd_wgmma_steps.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -153,35 +154,11 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (wg == 1) NamedBarrierArrive(kTurnBarrier + 0, kConsumerThreads);
 
   auto issue_s = [&](int j) {
-    const uint32_t k_addr = SmemAddr(sK + (j % kStages) * kKVTile);
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk & 3) * 32;
-      WgmmaSS<T, kBc>(s, SmemDescriptor(q_addr + (kk >> 2) * (kBr * 128) + off, 16, 1024),
-                      SmemDescriptor(k_addr + (kk >> 2) * (kBc * 128) + off, 16, 1024), kk > 0);
-    }
-    WgmmaCommit();
+    FlashIssueS<T, kD, kBr, kBc>(s, q_addr, SmemAddr(sK + (j % kStages) * kKVTile));
   };
-  auto issue_pv = [&](int j) {  // O += P_j V_j
-    const uint32_t v_addr = SmemAddr(sV + (j % kStages) * kKVTile);
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaRS<T, kD>(o, p[kk], SmemDescriptor(v_addr + kk * 16 * 128, kBc * 128, 1024), 1);
-    WgmmaCommit();
-  };
+  auto issue_pv = [&](int j) { FlashIssuePV<T, kD, kBc>(o, p, SmemAddr(sV + (j % kStages) * kKVTile)); };
   auto softmax = [&](int j, float (&alpha)[2]) {
-    const int k0 = j * kBc;
-    if (k0 + kBc - 1 > q0 + wg * 64) {  // some key after some row of this warpgroup
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
-          const int query = q0 + row0 + g + (e >> 1) * 8;
-          if (key > query) s[nt][e] = -INFINITY;
-        }
-    }
-    SoftmaxTileProbs<kBc / 8, true>(s, m_run, l_run, scale_log2, alpha);
+    FlashCausalSoftmax<kBc>(s, m_run, l_run, scale_log2, alpha, j * kBc, q0 + wg * 64, q0 + row0 + g, t4);
   };
   auto full_parity = [](int j) { return static_cast<uint32_t>((j / kStages) & 1); };
 
@@ -243,23 +220,10 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   // O through this warpgroup's own rows of sQ: its products (the only readers
   // of those rows) have completed.
-#pragma unroll
-  for (int nt = 0; nt < kD / 8; ++nt)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + g + r * 8, col = nt * 8 + 2 * t4;
-      *reinterpret_cast<uint32_t*>(sQ + (col >> 6) * (kBr * 128) + Swizzle128(row, (col & 63) >> 3) +
-                                   (col & 7) * 2) = PackPair<T>(o[nt][2 * r], o[nt][2 * r + 1]);
-    }
+  AccToSwizzled<T, kD, kBr>(sQ, o, 1.f, cwarp);
   NamedBarrierSync(kEpilogueBarrier + wg, 128);
-  constexpr int kChunks = kD / 8;
-  T* out_g = out + static_cast<int64_t>(b) * seq * C + h * kD;
-  for (int i = threadIdx.x & 127; i < 64 * kChunks; i += 128) {
-    const int r = wg * 64 + i / kChunks, c = i % kChunks;
-    if (q0 + r < seq)
-      *reinterpret_cast<int4*>(out_g + static_cast<int64_t>(q0 + r) * C + c * 8) =
-          *reinterpret_cast<const int4*>(sQ + (c >> 3) * (kBr * 128) + Swizzle128(r, c & 7));
-  }
+  StoreSwizzledRows<T, kD, kBr, 128>(out + static_cast<int64_t>(b) * seq * C + h * kD, sQ, q0, seq, kD, C, wg * 64,
+                                     64, static_cast<int>(threadIdx.x & 127));
 #else
   __trap();
 #endif

@@ -20,6 +20,7 @@
 // Built for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernel is a
 // trap and FlashWgmmaBuilt() says whether the sm_90a code is in the binary.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_fwd_wgmma_steps.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -100,40 +101,10 @@ __global__ void __launch_bounds__(kWgThreads, 1)
     FenceProxyAsync();  // the tiles cp.async wrote are read by the tensor cores
     __syncthreads();
   };
-  // S_j over the head dim, 16 at a time: column block kk / 4 of the tiles,
-  // 32 bytes into its swizzled rows per step.
-  auto issue_s = [&](int j) {
-    const uint32_t k_addr = SmemAddr(sK + (j & 1) * kKVTile);
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk & 3) * 32;
-      WgmmaSS<T, kBc>(s, SmemDescriptor(q_addr + (kk >> 2) * (kBr * 128) + off, 16, 1024),
-                      SmemDescriptor(k_addr + (kk >> 2) * (kBc * 128) + off, 16, 1024), kk > 0);
-    }
-    WgmmaCommit();
-  };
-  auto issue_pv = [&](int j) {  // O += P_j V_j
-    const uint32_t v_addr = SmemAddr(sV + (j & 1) * kKVTile);
-#pragma unroll
-    for (int kk = 0; kk < kBc / 16; ++kk)
-      WgmmaRS<T, kD>(o, p[kk], SmemDescriptor(v_addr + kk * 16 * 128, kBc * 128, 1024), 1);
-    WgmmaCommit();
-  };
-  // The causal mask and the softmax of S_j (done): probabilities in s, the
-  // rescale factor of O in alpha.
+  auto issue_s = [&](int j) { FlashIssueS<T, kD, kBr, kBc>(s, q_addr, SmemAddr(sK + (j & 1) * kKVTile)); };
+  auto issue_pv = [&](int j) { FlashIssuePV<T, kD, kBc>(o, p, SmemAddr(sV + (j & 1) * kKVTile)); };
   auto softmax = [&](int j, float (&alpha)[2]) {
-    const int k0 = j * kBc;
-    if (k0 + kBc - 1 > q0 + wg * 64) {  // some key after some row of this warpgroup
-#pragma unroll
-      for (int nt = 0; nt < kBc / 8; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = k0 + nt * 8 + 2 * t4 + (e & 1);
-          const int query = q0 + row0 + g + (e >> 1) * 8;
-          if (key > query) s[nt][e] = -INFINITY;
-        }
-    }
-    SoftmaxTileProbs<kBc / 8, true>(s, m_run, l_run, scale_log2, alpha);
+    FlashCausalSoftmax<kBc>(s, m_run, l_run, scale_log2, alpha, j * kBc, q0 + wg * 64, q0 + row0 + g, t4);
   };
   auto pack_p = [&] { PackA<T, kBc / 8>(p, s); };
 

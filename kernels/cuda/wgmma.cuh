@@ -95,12 +95,13 @@ constexpr int SwizzledTileBytes(int rows) {
   return rows * kCols * 2;
 }
 
-// Writes warpgroup accumulators (64 x kD per warpgroup; warp w of the block
-// holds rows 16 w .. 16 w + 15) times `mul`, rounded to T, into the swizzled
-// tile `s` of kRows rows.
+// Writes warpgroup accumulators (64 x kD per warpgroup; warp w holds rows
+// 16 w .. 16 w + 15 of the tile) times `mul`, rounded to T, into the
+// swizzled tile `s` of kRows rows. `warp` counts from the first warp holding
+// accumulators (the block's first unless a producer warpgroup comes first).
 template <typename T, int kD, int kRows>
-__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul, int warp) {
+  const int lane = threadIdx.x & 31;
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
   for (int nt = 0; nt < kD / 8; ++nt)
@@ -111,19 +112,32 @@ __device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)
                                    (col & 7) * 2) = PackPair<T>(d[nt][2 * r] * mul, d[nt][2 * r + 1] * mul);
     }
 }
+template <typename T, int kD, int kRows>
+__device__ __forceinline__ void AccToSwizzled(unsigned char* s, const float (&d)[kD / 8][4], float mul) {
+  AccToSwizzled<T, kD, kRows>(s, d, mul, static_cast<int>(threadIdx.x >> 5));
+}
 
-// Stores rows [row0, row0 + kRows) of [0, seq), columns [0, D) of the
-// swizzled tile `s` to a (seq, row_stride) matrix, from kThreads threads.
+// Stores the tile rows [first, first + count) of the swizzled tile `s`
+// (kRows rows) to rows row0 + first .. of a (seq, row_stride) matrix, those
+// below seq and columns [0, D), from kThreads threads numbered from tid.
 template <typename T, int kD, int kRows, int kThreads>
-__device__ __forceinline__ void StoreSwizzled(T* g, const unsigned char* s, int row0, int seq, int D,
-                                              int64_t row_stride) {
+__device__ __forceinline__ void StoreSwizzledRows(T* g, const unsigned char* s, int row0, int seq, int D,
+                                                  int64_t row_stride, int first, int count, int tid) {
   constexpr int kChunks = kD / 8;
-  for (int i = threadIdx.x; i < kRows * kChunks; i += kThreads) {
-    const int r = i / kChunks, c = i % kChunks;
+  for (int i = tid; i < count * kChunks; i += kThreads) {
+    const int r = first + i / kChunks, c = i % kChunks;
     if (row0 + r < seq && c * 8 < D)
       *reinterpret_cast<int4*>(g + static_cast<int64_t>(row0 + r) * row_stride + c * 8) =
           *reinterpret_cast<const int4*>(s + (c >> 3) * (kRows * 128) + Swizzle128(r, c & 7));
   }
+}
+// The whole tile, rows [row0, row0 + kRows) of [0, seq), from the block's
+// first kThreads threads.
+template <typename T, int kD, int kRows, int kThreads>
+__device__ __forceinline__ void StoreSwizzled(T* g, const unsigned char* s, int row0, int seq, int D,
+                                              int64_t row_stride) {
+  StoreSwizzledRows<T, kD, kRows, kThreads>(g, s, row0, seq, D, row_stride, 0, kRows,
+                                            static_cast<int>(threadIdx.x));
 }
 
 // Rounds an accumulator tile d (64 x 8 kN per warpgroup) into the A-operand
