@@ -48,6 +48,9 @@ enum class FlashBwdKernel : uint8_t {
               // dQ = dS K from it: 5 matmuls, workspace about B*H*T*T bytes
   kWgmma,  // kDsBuffer's scheme and workspace on Hopper wgmma: 2 warpgroups x 64 keys
            // per dK/dV block, 2 x 64 queries per dQ block (sm_90a on a 9.0 GPU only)
+  kTma,    // kWgmma's products, warp-specialized: a producer warpgroup loads with
+           // TMA, dS leaves through bulk stores (head_dim 64 or 128; other shapes
+           // run kWgmma)
 };
 struct FlashVariant {
   const char* name;
@@ -56,14 +59,16 @@ struct FlashVariant {
   const char* summary;
 };
 // The default is the first entry that runs on the GPU (FlashVariantRuns):
-// v5pp on an H100/H200 built with sm_90a code, else v2. v5pp's forward ran at
-// 1.6x v4's on an H100 (strata-bench attention, 1.3B shape: 458 vs 286
-// TFLOP/s; v5 without ping-pong 430), the same backward. v2 measured fastest of
-// the mma.sync variants on the H200 (strata-bench attention, 1.3B shape: fwd
-// 269 vs 239 TFLOP/s, bwd 203 vs 173 for v1), at the cost of a dS workspace
-// of about B*H*T*T bytes that the planner counts in the layer's scratch. v1
-// is the small-workspace fallback.
+// v6 on an H100/H200 built with sm_90a code, else v2. On an H100
+// (strata-bench attention, 1.3B shape, one run) v6's backward ran at 1.52x
+// v5pp's (407 vs 268 TFLOP/s; the same bits), and v5pp's forward, which v6
+// keeps, at 1.6x v4's (458 vs 286; v5 without ping-pong 430). v2 measured
+// fastest of the mma.sync variants on the H200 (fwd 269 vs 239 TFLOP/s, bwd
+// 203 vs 173 for v1), at the cost of a dS workspace of about B*H*T*T bytes
+// that the planner counts in the layer's scratch. v1 is the small-workspace
+// fallback.
 inline constexpr FlashVariant kFlashVariants[] = {
+    {"v6", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kTma, "fwd as v5pp, bwd v4's products fed by a TMA producer warpgroup"},
     {"v5pp", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kWgmma, "v5 with ping-pong consumer warpgroups (sm_90a)"},
     {"v5", FlashFwdKernel::kTma, FlashBwdKernel::kWgmma, "fwd wgmma fed by a TMA producer warpgroup, bwd as v4"},
     {"v4", FlashFwdKernel::kWgmma, FlashBwdKernel::kWgmma, "fwd wgmma, bwd v2's scheme on wgmma (sm_90a)"},

@@ -982,7 +982,7 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
 template <typename T, int kD>
 Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
                         const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* workspace, void* dkv_ws, bool wgmma) {
+                        void* workspace, void* dkv_ws, FlashBwdKernel kernel) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
   const int64_t rows = static_cast<int64_t>(B) * seq * H;
@@ -991,12 +991,13 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
   flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
       delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
-  if (wgmma) {
+  if (kernel == FlashBwdKernel::kWgmma || kernel == FlashBwdKernel::kTma) {
     const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
     FlashDsPasses p;
     p.dqkv = dqkv, p.dkv = t.dkv, p.dkv_stride = t.stride, p.dv_off = t.dv_off, p.ds = ds;
     p.dout = dout, p.qkv = qkv, p.lse = lse, p.delta = delta;
-    RETURN_IF_ERROR(FlashAttentionBackwardWgmmaPasses(stream, s, scale, p));
+    RETURN_IF_ERROR(kernel == FlashBwdKernel::kTma ? FlashAttentionBackwardTmaPasses(stream, s, scale, p)
+                                                   : FlashAttentionBackwardWgmmaPasses(stream, s, scale, p));
     return SumGroups<T>(stream, s, dqkv, dkv_ws);
   }
   {
@@ -1094,9 +1095,8 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
     using T = decltype(tag);
     constexpr int kD = decltype(dim)::value;
     void* dkv_ws = static_cast<char*>(workspace) + VariantBytes(s, variant);
-    if (variant.bwd == FlashBwdKernel::kDsBuffer || variant.bwd == FlashBwdKernel::kWgmma)
-      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws,
-                                     variant.bwd == FlashBwdKernel::kWgmma);
+    if (variant.bwd != FlashBwdKernel::kTwoPass)
+      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws, variant.bwd);
     return LaunchBackward<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse,
                                  static_cast<float*>(workspace), dkv_ws);
   });

@@ -30,6 +30,7 @@
 // Built for sm_90a only (__CUDA_ARCH_FEAT_SM90_ALL); elsewhere the kernels
 // trap and FlashWgmmaBuilt() (flash_attention_sm90.cu) says so.
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_bwd_wgmma_steps.cuh"
 #include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -122,21 +123,6 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
   };
 
-  // acc (this warpgroup's 64 keys x 64 queries) = the key rows at kv_addr
-  // (K or V) times the query rows at qd_addr (Q or dO) over the head dim, 16
-  // at a time: column block kk / 4 of the tiles, 32 bytes into its swizzled
-  // rows per step; one commit group.
-  auto issue_keys_by_queries = [&](float (&acc)[kNq][4], uint32_t kv_addr, uint32_t qd_addr) {
-#pragma unroll
-    for (int kk = 0; kk < kD / 16; ++kk) {
-      const uint32_t off = (kk >> 2) * (kKeys * 128) + (kk & 3) * 32;
-      const uint32_t qoff = (kk >> 2) * (kQueries * 128) + (kk & 3) * 32;
-      WgmmaSS<T, kQueries>(acc, SmemDescriptor(kv_addr + off, 16, 1024), SmemDescriptor(qd_addr + qoff, 16, 1024),
-                           kk > 0);
-    }
-    WgmmaCommit();
-  };
-
   const int n_qt = (seq + kQueries - 1) / kQueries;
   const int qt_begin = k0 / kQueries;  // queries before k0 see none of these keys
   LoadSwizzled<T, kD, kKeys, kThreads>(sK, k_g, k0, seq, D, row_stride);
@@ -171,30 +157,17 @@ __global__ void __launch_bounds__(kThreads, 1)
     // (C7518). The products of such a tile are masked to zero, the same bits.
     float s[kNq][4], dp[kNq][4];
     WgmmaFence();
-    issue_keys_by_queries(s, k_addr, q_addr);    // S^T
-    issue_keys_by_queries(dp, v_addr, do_addr);  // dP^T
+    FlashBwdIssueKeysByQueries<T, kD, kKeys, kQueries>(s, k_addr, q_addr);    // S^T
+    FlashBwdIssueKeysByQueries<T, kD, kKeys, kQueries>(dp, v_addr, do_addr);  // dP^T
     // The previous tile's dS out while S^T and dP^T run (its buffer was
     // completed before the previous iteration's last barrier).
     if (it > qt_begin) copy_ds(stage ^ 1, it - 1);
     WgmmaWait<1>();  // S^T is done; dP^T may still run
     FenceAccumulator(s);
-    // Some key of this warpgroup's after some query of the tile: mask.
-    const bool diagonal = key_wg + 63 > q_base;
-#pragma unroll
-    for (int nt = 0; nt < kNq; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int ql = nt * 8 + 2 * t4 + (e & 1);
-        float pv = exp2f(s[nt][e] * scale_log2 - l_s[ql]);
-        if (diagonal && key_wg + (warp & 3) * 16 + g + (e >> 1) * 8 > q_base + ql) pv = 0.f;
-        s[nt][e] = pv;
-      }
+    FlashBwdProbs<kNq>(s, l_s, scale_log2, key_wg, warp & 3, q_base, g, t4);
     WgmmaWait<0>();
     FenceAccumulator(dp);
-#pragma unroll
-    for (int nt = 0; nt < kNq; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) dp[nt][e] = s[nt][e] * (dp[nt][e] - d_s[nt * 8 + 2 * t4 + (e & 1)]);
+    FlashBwdDs<kNq>(dp, s, d_s, t4);
     uint32_t p_a[kNq / 2][4], ds_a[kNq / 2][4];
     PackA<T, kNq>(p_a, s);
     PackA<T, kNq>(ds_a, dp);
@@ -204,13 +177,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceAccumulator(dk);
     WgmmaFence();
     // dV += P^T dO, dK += dS^T Q (the scale is applied at the end).
-#pragma unroll
-    for (int kk = 0; kk < kQueries / 16; ++kk)
-      WgmmaRS<T, kD>(dv, p_a[kk], SmemDescriptor(do_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
-#pragma unroll
-    for (int kk = 0; kk < kQueries / 16; ++kk)
-      WgmmaRS<T, kD>(dk, ds_a[kk], SmemDescriptor(q_addr + kk * 16 * 128, kQueries * 128, 1024), 1);
-    WgmmaCommit();
+    FlashBwdIssueDvDk<T, kD, kQueries>(dv, dk, p_a, ds_a, do_addr, q_addr);
     // dS^T (the operand's bits) into sdS as [query][key] while dV and dK run.
     {
       uint16_t* dst = sdS + stage * kQueries * kSdsStride;
@@ -303,11 +270,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const uint32_t k_addr = SmemAddr(base + stage * kStage + kDsTile);
     FenceAccumulator(dq);
     WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kKeys / 16; ++kk)
-      WgmmaSS<T, kD, /*kTransB=*/1>(dq,
-                           SmemDescriptor(ds_addr + (kk >> 2) * (kDqRows * 128) + (kk & 3) * 32, 16, 1024),
-                           SmemDescriptor(k_addr + kk * 16 * 128, kKeys * 128, 1024), 1);
+    FlashBwdIssueDq<T, kD, kDqRows, kKeys>(dq, ds_addr, k_addr);
     WgmmaCommit();
     WgmmaWait<0>();
     FenceAccumulator(dq);

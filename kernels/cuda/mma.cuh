@@ -38,6 +38,16 @@ __device__ __forceinline__ void LdMatrixX4Trans(uint32_t (&r)[4], const void* p)
                : "r"(SmemAddr(p)));
 }
 
+// The inverse of LdMatrixX4Trans: register r[i] holds matrix i in the mma
+// fragment layout (row lane / 4, columns 2 (lane % 4) and + 1); each matrix is
+// stored transposed, row j of its transpose (16 bytes) at the address lane
+// 8 i + j passes.
+__device__ __forceinline__ void StMatrixX4Trans(const uint32_t (&r)[4], void* p) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};\n" ::"r"(SmemAddr(p)),
+               "r"(r[0]), "r"(r[1]), "r"(r[2]), "r"(r[3])
+               : "memory");
+}
+
 // d += a * b (16x8x16), fp32 accumulators. T is __nv_bfloat16 or __half.
 template <typename T>
 __device__ __forceinline__ void Mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,

@@ -148,4 +148,13 @@ struct FlashDsPasses {
 Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
                                          const FlashDsPasses& passes);
 
+// flash_attention_bwd_tma_sm90.cu — the same two passes warp-specialized
+// (FlashBwdKernel::kTma), where FlashWgmmaRuns: a TMA producer warpgroup
+// feeds both; the same products in the same order, so the same dqkv bits.
+// `ds` holds the panels as tile images (flash_ds_panels.cuh). Shapes the TMA
+// kernels do not take (FlashTmaCovers, or dout / ds not 16-byte aligned) run
+// FlashAttentionBackwardWgmmaPasses.
+Status FlashAttentionBackwardTmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
+                                       const FlashDsPasses& passes);
+
 }  // namespace strata::kernels::cuda

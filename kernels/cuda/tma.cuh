@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Hopper's tensor memory accelerator (TMA) and the shared-memory barriers
 // that track it (sm_90a only, like wgmma.cuh): PTX wrappers for mbarrier,
-// cp.async.bulk.tensor, register reallocation between warpgroups and named
+// cp.async.bulk.tensor and cp.async.bulk, register reallocation between warpgroups and named
 // barriers. The tensor map itself is made on the host (tma_map.h).
 //
 // A TMA load copies one box of a tensor (described by a CUtensorMap made on
@@ -74,6 +74,37 @@ __device__ __forceinline__ void TmaLoad3d(void* dst, const CUtensorMap* map, uin
 }
 __device__ __forceinline__ void TmaPrefetchDescriptor(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+
+// Bulk (non-tensor) copies: `bytes` (a multiple of 16) contiguous bytes
+// between 16-byte aligned global and shared addresses, byte for byte (no
+// swizzle). A load completes on an mbarrier like TmaLoad3d; stores are
+// tracked per thread in bulk groups: BulkCommit closes a group, and
+// BulkWaitRead<N> returns once at most N of this thread's groups are still
+// reading their shared memory (BulkWait<N>: still writing global memory).
+// Writes to shared memory that a bulk store reads must be followed by
+// FenceProxyAsync (wgmma.cuh) and a barrier before the store is issued.
+__device__ __forceinline__ void BulkLoad(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+          SmemAddr(dst)),
+      "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(SmemAddr(bar))
+      : "memory");
+}
+__device__ __forceinline__ void BulkStore(void* dst, const void* src, uint32_t bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(
+                   reinterpret_cast<uint64_t>(dst)),
+               "r"(SmemAddr(src)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void BulkCommit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void BulkWaitRead() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void BulkWait() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
 // Register reallocation between the warpgroups of a warp-specialized block:
