@@ -29,6 +29,7 @@
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/flash_dispatch.cuh"
 #include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/flash_softmax.cuh"
 #include "kernels/cuda/mma.cuh"
@@ -1023,21 +1024,6 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
     CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_ds_kernel");
   }
   return SumGroups<T>(stream, s, dqkv, dkv_ws);
-}
-
-// Calls f(T{}, std::integral_constant<int, kD>{}) for the shape's dtype and tile head dim.
-template <typename F>
-Status DispatchFlash(const AttentionShape& s, F&& f) {
-  const int64_t D = s.head_dim;
-  auto with_dtype = [&](auto dim) -> Status {
-    switch (s.dtype) {
-      case DType::kBF16: return f(bf16{}, dim);
-      case DType::kF16: return f(f16{}, dim);
-      default: return InvalidArgument("flash attention: dtype must be f16 or bf16");
-    }
-  };
-  if (D <= 64) return with_dtype(std::integral_constant<int, 64>{});
-  return with_dtype(std::integral_constant<int, 128>{});
 }
 
 }  // namespace

@@ -31,6 +31,7 @@
 // trap and FlashWgmmaBuilt() (flash_attention_sm90.cu) says so.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_bwd_wgmma_steps.cuh"
+#include "kernels/cuda/flash_dispatch.cuh"
 #include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -324,15 +325,9 @@ Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionSha
   if (s.head_dim > 128 || s.head_dim % 8 != 0)
     return InvalidArgument("flash attention backward (wgmma): head_dim " + std::to_string(s.head_dim) +
                            " (needs a multiple of 8, at most 128)");
-  const bool small = s.head_dim <= 64;
-  switch (s.dtype) {
-    case DType::kBF16:
-      return small ? Launch<bf16, 64>(stream, s, scale, passes) : Launch<bf16, 128>(stream, s, scale, passes);
-    case DType::kF16:
-      return small ? Launch<f16, 64>(stream, s, scale, passes) : Launch<f16, 128>(stream, s, scale, passes);
-    default:
-      return InvalidArgument("flash attention backward (wgmma): dtype must be f16 or bf16");
-  }
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return Launch<decltype(tag), decltype(dim)::value>(stream, s, scale, passes);
+  });
 }
 
 }  // namespace strata::kernels::cuda

@@ -34,6 +34,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_bwd_wgmma_steps.cuh"
+#include "kernels/cuda/flash_dispatch.cuh"
 #include "kernels/cuda/flash_ds_panels.cuh"
 #include "kernels/cuda/mma.cuh"
 #include "kernels/cuda/ops.h"
@@ -393,15 +394,9 @@ Status FlashAttentionBackwardTmaPasses(cudaStream_t stream, const AttentionShape
   if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
   const bool covered = FlashTmaCovers(s, passes.qkv) && Aligned16(passes.dout) && Aligned16(passes.ds);
   if (!covered) return FlashAttentionBackwardWgmmaPasses(stream, s, scale, passes);
-  const bool small = s.head_dim == 64;
-  switch (s.dtype) {
-    case DType::kBF16:
-      return small ? Launch<bf16, 64>(stream, s, scale, passes) : Launch<bf16, 128>(stream, s, scale, passes);
-    case DType::kF16:
-      return small ? Launch<f16, 64>(stream, s, scale, passes) : Launch<f16, 128>(stream, s, scale, passes);
-    default:
-      return InvalidArgument("flash attention backward (TMA): dtype must be f16 or bf16");
-  }
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return Launch<decltype(tag), decltype(dim)::value>(stream, s, scale, passes);
+  });
 }
 
 }  // namespace strata::kernels::cuda
