@@ -32,8 +32,10 @@ optim::AdamShard AdamView(const ModelState::Layout& lay, uint64_t n, float* mast
 // ---- HostShardUpdate ---------------------------------------------------------------
 
 Result<std::unique_ptr<HostShardUpdate>> HostShardUpdate::Create(const ShardUpdateContext& ctx,
-                                                                 const OffloadConfig& offload_optimizer) {
-  std::unique_ptr<HostShardUpdate> u(new HostShardUpdate(ctx, offload_optimizer));
+                                                                 const OffloadConfig& offload_optimizer,
+                                                                 uint64_t piece_params) {
+  std::unique_ptr<HostShardUpdate> u(
+      new HostShardUpdate(ctx, offload_optimizer, piece_params ? piece_params : kDefaultPieceParams));
   const ModelState& st = *ctx.state;
   const uint64_t numel = st.MaxOffloadedNumel();
   if (numel > 0) {
@@ -93,60 +95,54 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
 Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const ShardHow& how, const CopyTicket&) {
   Shard& sh = ctx_.state->shard(s);
   TierStore* store = ctx_.store;
-  const ModelState::Layout& lay = ctx_.state->layout();
-  const uint64_t n = static_cast<uint64_t>(sh.slice_len);  // (unpartitioned: numel)
+  partly_written_ = false;
   if (how.speculative && sh.opt_home != TierKind::kHost)
     return Internal("a speculative update of " + sh.name + ", whose optimizer state is not on the host");
   if (sh.opt_home == TierKind::kGpu) return UpdateOnGpu(sh, j, how);
 
   // Host optimizer (state on the host or streamed from NVMe through it).
-  const bool grad_acquired = sh.g_home != TierKind::kGpu;  // (else it came down into the staging)
-  ASSIGN_OR_RETURN(const void* whole_grad, HostGradient(sh, j.step));
-  // Partitioned: the rank's slice of the gradient, the one reduced over the
-  // ranks (at stage >= 2 all that `g` holds).
-  const void* grad = static_cast<const char*>(whole_grad) + sh.g_off() * DTypeSize(lay.grad_dtype);
+  // The gradient starts coming down first: its pieces land while the state
+  // is pinned (or read from NVMe) and while the pieces before them update.
+  HostGrad g;
+  Status st = StartGradient(sh, j.step, &g);
   const bool spec = how.speculative;
   const Access state_access = spec ? Access::kRead : Access::kReadWrite;
-  ASSIGN_OR_RETURN(TensorView w, store->Acquire(sh.w, TierKind::kHost, state_access));
-  ASSIGN_OR_RETURN(TensorView m, store->Acquire(sh.m, TierKind::kHost, state_access));
-  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.v, TierKind::kHost, state_access));
-  TensorView w2, m2, v2;  // speculative: where the new state goes
-  if (spec) {
-    ASSIGN_OR_RETURN(w2, store->Acquire(sh.w2, TierKind::kHost, Access::kWriteDiscard));
-    ASSIGN_OR_RETURN(m2, store->Acquire(sh.m2, TierKind::kHost, Access::kWriteDiscard));
-    ASSIGN_OR_RETURN(v2, store->Acquire(sh.v2, TierKind::kHost, Access::kWriteDiscard));
+  struct Pin {
+    TensorId id;
+    bool out;  // written by the update: dirty if it succeeded
+  };
+  std::vector<Pin> pins;
+  auto pin = [&](TensorId id, Access access, bool out) -> char* {
+    if (!st.ok()) return nullptr;
+    Result<TensorView> r = store->Acquire(id, TierKind::kHost, access);
+    if (!r.ok()) {
+      st = r.status();
+      return nullptr;
+    }
+    pins.push_back({id, out});
+    return static_cast<char*>(r->data);
+  };
+  char* w = pin(sh.w, state_access, !spec);
+  char* m = pin(sh.m, state_access, !spec);
+  char* v = pin(sh.v, state_access, !spec);
+  // Speculative: where the new state goes.
+  char* w2 = spec ? pin(sh.w2, Access::kWriteDiscard, true) : nullptr;
+  char* m2 = spec ? pin(sh.m2, Access::kWriteDiscard, true) : nullptr;
+  char* v2 = spec ? pin(sh.v2, Access::kWriteDiscard, true) : nullptr;
+  ParamsOut out;
+  if (st.ok()) st = StartParams(sh, &out);
+  if (st.ok())
+    st = UpdatePieces(sh, j, how, g, reinterpret_cast<float*>(w), m, v, reinterpret_cast<float*>(w2), m2, v2, &out);
+  // Every pin is released whatever failed; the first error is reported.
+  Status gs = FinishGradient(sh, &g);
+  if (st.ok()) st = gs;
+  const bool written = st.ok();
+  for (const Pin& pn : pins) {
+    Status r = store->Release(pn.id, TierKind::kHost, pn.out && written);
+    if (st.ok()) st = r;
   }
-  void* pout = nullptr;
-  // Partitioned: the slice's new parameters go to `ps` (host), which the
-  // step thread then all-gathers into `p` (ModelState::GatherParams).
-  const bool p_on_host = sh.partitioned || sh.p_home != TierKind::kGpu;
-  const TensorId pid = sh.partitioned ? sh.ps : sh.p;
-  if (p_on_host) {
-    ASSIGN_OR_RETURN(TensorView p, store->Acquire(pid, TierKind::kHost, Access::kWriteDiscard));
-    pout = p.data;
-  } else {
-    // The slot's previous upload (two shards ago) has landed.
-    RETURN_IF_ERROR(param_upload_[param_slot_].Wait());
-    pout = param_staging_[param_slot_].data();
-  }
-  optim::AdamShard a = AdamView(lay, n, static_cast<float*>(w.data), m.data, v.data, grad, pout);
-  if (spec) {
-    a.master_out = static_cast<float*>(w2.data);
-    a.exp_avg_out = m2.data;
-    a.exp_avg_sq_out = v2.data;
-  }
-  auto r = ctx_.adam->Step(a, j.hyper, {how.multiplier, false});
-  if (grad_acquired) RETURN_IF_ERROR(store->Release(sh.g, TierKind::kHost, false));
-  RETURN_IF_ERROR(store->Release(sh.w, TierKind::kHost, !spec && r.ok()));
-  RETURN_IF_ERROR(store->Release(sh.m, TierKind::kHost, !spec && r.ok()));
-  RETURN_IF_ERROR(store->Release(sh.v, TierKind::kHost, !spec && r.ok()));
-  if (spec) {
-    RETURN_IF_ERROR(store->Release(sh.w2, TierKind::kHost, r.ok()));
-    RETURN_IF_ERROR(store->Release(sh.m2, TierKind::kHost, r.ok()));
-    RETURN_IF_ERROR(store->Release(sh.v2, TierKind::kHost, r.ok()));
-  }
-  if (p_on_host) RETURN_IF_ERROR(store->Release(pid, TierKind::kHost, r.ok()));
-  RETURN_IF_ERROR(r.status());
+  Result<CopyTicket> up = FinishParams(sh, &out, st);
+  RETURN_IF_ERROR(st);
   if (sh.opt_home == TierKind::kNvme) {
     // Write-behind: the state goes home while the next shard updates (or
     // before it, without pipeline_write). A failed write keeps the data in
@@ -156,48 +152,128 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
       if (!offload_.pipeline_write) RETURN_IF_ERROR(t.Wait());
     }
   }
-  if (p_on_host) {
-    if (!sh.partitioned && sh.p_home == TierKind::kNvme) RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
+  return up;
+}
+
+// The shard's gradient in host memory: its host home, pinned, or, homed on
+// the GPU, coming down into the staging buffer, every piece's download
+// issued now (they land in order on the D2H stream).
+Status HostShardUpdate::StartGradient(Shard& sh, int64_t job_step, HostGrad* g) {
+  TierStore* store = ctx_.store;
+  const uint64_t gs = DTypeSize(ctx_.state->layout().grad_dtype);
+  const uint64_t first = static_cast<uint64_t>(sh.g_off()) * gs;  // the slice's first value, in bytes
+  g->pinned = sh.g_home != TierKind::kGpu ? TierKind::kHost : TierKind::kGpu;
+  ASSIGN_OR_RETURN(TensorView v, store->Acquire(sh.g, g->pinned, Access::kRead));
+  g->held = true;
+  if (g->pinned == TierKind::kHost) {
+    g->data = static_cast<const char*>(v.data) + first;
+    return Status::OK();
+  }
+  char* staging = static_cast<char*>(grad_staging_.data()) + first;
+  const char* src = static_cast<const char*>(v.data) + first;
+  g->data = staging;
+  const uint64_t n = static_cast<uint64_t>(sh.slice_len);
+  for (uint64_t off = 0; off < n; off += piece_) {
+    const uint64_t bytes = std::min(piece_, n - off) * gs;
+    ASSIGN_OR_RETURN(CopyTicket t, ctx_.copies->Copy(job_step, CopyDirection::kDeviceToHost, staging + off * gs,
+                                                     src + off * gs, bytes));
+    g->pieces.push_back(t);
+  }
+  return Status::OK();
+}
+
+// Every download issued has landed (the GPU memory stays pinned until then)
+// and the gradient's pin is released.
+Status HostShardUpdate::FinishGradient(Shard& sh, HostGrad* g) {
+  Status st;
+  for (const CopyTicket& t : g->pieces) {
+    Status ws = t.Wait();
+    if (st.ok()) st = ws;
+  }
+  g->pieces.clear();
+  if (g->held) {
+    Status rs = ctx_.store->Release(sh.g, g->pinned, false, nullptr);
+    if (st.ok()) st = rs;
+    g->held = false;
+  }
+  return st;
+}
+
+// Where the update writes the new parameters: their host home (and, with
+// the state partitioned, the slice's `ps`), or, homed on the GPU, the
+// staging slot whose upload (two shards ago) has landed, and their GPU home
+// to upload each piece into.
+Status HostShardUpdate::StartParams(Shard& sh, ParamsOut* out) {
+  TierStore* store = ctx_.store;
+  out->upload = !sh.partitioned && sh.p_home == TierKind::kGpu;
+  out->id = sh.partitioned ? sh.ps : sh.p;
+  if (!out->upload) {
+    ASSIGN_OR_RETURN(TensorView p, store->Acquire(out->id, TierKind::kHost, Access::kWriteDiscard));
+    out->held = true;
+    out->data = static_cast<char*>(p.data);
+    return Status::OK();
+  }
+  RETURN_IF_ERROR(param_upload_[param_slot_].Wait());
+  out->data = static_cast<char*>(param_staging_[param_slot_].data());
+  ASSIGN_OR_RETURN(TensorView p, store->Acquire(out->id, TierKind::kGpu, Access::kWriteDiscard));
+  out->held = true;
+  out->gpu = static_cast<char*>(p.data);
+  return Status::OK();
+}
+
+// The CPU Adam, piece by piece, each once its gradient is on the host; an
+// updated piece's parameters go up at once (homed on the GPU).
+Status HostShardUpdate::UpdatePieces(Shard& sh, const OptJob& j, const ShardHow& how, const HostGrad& g, float* w,
+                                     void* m, void* v, float* w2, void* m2, void* v2, ParamsOut* out) {
+  const ModelState::Layout& lay = ctx_.state->layout();
+  const uint64_t gs = DTypeSize(lay.grad_dtype), ms = DTypeSize(lay.moment_dtype), ps = DTypeSize(lay.dtype);
+  const uint64_t n = static_cast<uint64_t>(sh.slice_len);  // (unpartitioned: numel)
+  auto at = [](void* base, uint64_t bytes) { return static_cast<char*>(base) + bytes; };
+  size_t k = 0;
+  for (uint64_t off = 0; off < n; off += piece_, ++k) {
+    const uint64_t c = std::min(piece_, n - off);
+    if (k < g.pieces.size()) RETURN_IF_ERROR(g.pieces[k].Wait());
+    optim::AdamShard a = AdamView(lay, c, w + off, at(m, off * ms), at(v, off * ms), g.data + off * gs,
+                                  out->data + off * ps);
+    if (how.speculative) {
+      a.master_out = w2 + off;
+      a.exp_avg_out = at(m2, off * ms);
+      a.exp_avg_sq_out = at(v2, off * ms);
+    }
+    RETURN_IF_ERROR(ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status());
+    // From here a failure leaves the shard part written: in place, its
+    // state; either way, its parameters (their host home, or uploaded).
+    partly_written_ = true;
+    if (!out->upload) continue;
+    ASSIGN_OR_RETURN(out->last, ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, out->gpu + off * ps,
+                                                  out->data + off * ps, c * ps));
+    out->uploaded = true;
+  }
+  return Status::OK();
+}
+
+// The parameters' pin is released (their GPU home after the uploads on the
+// H2D stream, which orders any later use after them) and, on the GPU, the
+// staging slot's uploads are what the next forward waits for.
+Result<CopyTicket> HostShardUpdate::FinishParams(Shard& sh, ParamsOut* out, const Status& updated) {
+  TierStore* store = ctx_.store;
+  if (!out->held) return CopyTicket{};
+  out->held = false;
+  if (!out->upload) {
+    RETURN_IF_ERROR(store->Release(out->id, TierKind::kHost, updated.ok()));
+    if (updated.ok() && !sh.partitioned && sh.p_home == TierKind::kNvme)
+      RETURN_IF_ERROR(store->Evict(sh.p, TierKind::kHost).status());
     return CopyTicket{};
   }
-  return UploadParams(sh, j.step, pout);
-}
-
-// The shard's gradient in host memory: its host home, acquired (released by
-// the caller), or, homed on the GPU, brought down through the staging buffer.
-Result<const void*> HostShardUpdate::HostGradient(Shard& sh, int64_t job_step) {
-  TierStore* store = ctx_.store;
-  if (sh.g_home != TierKind::kGpu) {
-    ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kHost, Access::kRead));
-    return static_cast<const void*>(g.data);
-  }
-  ASSIGN_OR_RETURN(TensorView g, store->Acquire(sh.g, TierKind::kGpu, Access::kRead));
-  auto t = ctx_.copies->Copy(job_step, CopyDirection::kDeviceToHost, grad_staging_.data(), g.data,
-                             static_cast<uint64_t>(sh.g_numel()) * DTypeSize(ctx_.state->layout().grad_dtype));
-  Status cs = t.ok() ? t->Wait() : t.status();
-  RETURN_IF_ERROR(store->Release(sh.g, TierKind::kGpu, false, nullptr));
-  RETURN_IF_ERROR(cs);
-  return static_cast<const void*>(grad_staging_.data());
-}
-
-// Uploads the new parameters (in the staging slot `pout`) into their GPU
-// home, without waiting: the next shard's update runs meanwhile, the
-// forward's stream waits for the upload on the GPU, and the store orders any
-// later use of the memory after it (Release on the copy stream).
-Result<CopyTicket> HostShardUpdate::UploadParams(Shard& sh, int64_t job_step, const void* pout) {
-  TierStore* store = ctx_.store;
-  CopyEngine* ce = store->copy_engine();
-  ASSIGN_OR_RETURN(TensorView p, store->Acquire(sh.p, TierKind::kGpu, Access::kWriteDiscard));
-  auto t = ctx_.copies->Copy(job_step, CopyDirection::kHostToDevice, p.data, pout,
-                             static_cast<uint64_t>(sh.numel) * DTypeSize(ctx_.state->layout().dtype));
-  Status cs = t.status();
-  void* cstream = ctx_.cuda() ? ce->stream(CopyDirection::kHostToDevice) : nullptr;
-  if (cs.ok() && !ctx_.cuda()) cs = t->Wait();  // the stand-in has no stream to order on
-  RETURN_IF_ERROR(store->Release(sh.p, TierKind::kGpu, cs.ok(), cs.ok() ? cstream : nullptr));
-  RETURN_IF_ERROR(cs);
-  param_upload_[param_slot_] = *t;
+  void* cstream = ctx_.cuda() ? store->copy_engine()->stream(CopyDirection::kHostToDevice) : nullptr;
+  // (The stand-in has no stream to order on: its uploads are waited for.)
+  Status ws = out->uploaded && !ctx_.cuda() ? out->last.Wait() : Status::OK();
+  RETURN_IF_ERROR(store->Release(out->id, TierKind::kGpu, out->uploaded && ws.ok(),
+                                 out->uploaded && ws.ok() ? cstream : nullptr));
+  RETURN_IF_ERROR(ws);
+  param_upload_[param_slot_] = out->last;
   param_slot_ ^= 1;
-  return *t;
+  return out->last;
 }
 
 // ---- AssistShardUpdate ----------------------------------------------------------
@@ -254,6 +330,7 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
   };
   std::vector<Pin> pins;
   Status st;
+  partly_written_ = false;
   auto pin = [&](TensorId id, TierKind tier, Access access, bool out) -> char* {
     if (!st.ok()) return nullptr;
     Result<TensorView> r = store->Acquire(id, tier, access);
@@ -312,6 +389,9 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
         if (st.ok()) st = t.Wait();
       if (st.ok()) st = ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status();
     }
+    // A chunk's new parameters are written in place (and, not speculating,
+    // its state on the way home): a later failure leaves the shard part written.
+    if (st.ok()) partly_written_ = true;
     CopyAfter after;
     after.stream = s;
     auto d2h = [&](void* dst, const void* src, uint64_t bytes) {

@@ -8,12 +8,19 @@
 //   HostShardUpdate    the CPU worker: the CPU Adam on state in host memory
 //                      (or streamed from NVMe through it: read ahead,
 //                      written behind as DeepSpeed's pipeline_read /
-//                      pipeline_write); gradients homed on the GPU come down
-//                      through a staging buffer, parameters homed there go
-//                      up through two (the CPU Adam writes the next shard's
-//                      into one while the other uploads). For a shard whose
-//                      state is on the GPU (the step thread's prefix of
-//                      offload_optimizer.ratio < 1), the fused GPU Adam.
+//                      pipeline_write), piece by piece (8 Mi parameters):
+//                      gradients homed on the GPU come down through a
+//                      staging buffer, every piece's download issued at
+//                      once, and each piece is updated as soon as its own
+//                      has landed; parameters homed there go up through two
+//                      staging buffers, each piece's upload issued once the
+//                      piece is updated (the CPU Adam writes the next
+//                      shard's into one buffer while the other uploads). So
+//                      a shard takes about its CPU Adam time, not the
+//                      download, the update and the upload one after the
+//                      other. For a shard whose state is on the GPU (the
+//                      step thread's prefix of offload_optimizer.ratio < 1),
+//                      the fused GPU Adam.
 //   AssistShardUpdate  the GPU-assisted worker: a shard whose state lives on
 //                      the host and whose parameters live on the GPU, chunk
 //                      by chunk: master/m/v (and a host-resident gradient) go
@@ -63,23 +70,54 @@ struct ShardUpdateContext {
 
 class HostShardUpdate final : public ShardUpdater {
  public:
+  // `piece_params` 0: 8 Mi parameters (tests use small ones).
   static Result<std::unique_ptr<HostShardUpdate>> Create(const ShardUpdateContext& ctx,
-                                                         const OffloadConfig& offload_optimizer);
+                                                         const OffloadConfig& offload_optimizer,
+                                                         uint64_t piece_params = 0);
   Result<CopyTicket> Update(size_t shard, const OptJob& job, const ShardHow& how,
                             const CopyTicket& last_upload) override;
   void ReadAhead(size_t shard, const OptJob& job) override;
+  bool PartlyWritten() const override { return partly_written_; }
+  uint64_t piece() const { return piece_; }
 
  private:
-  HostShardUpdate(const ShardUpdateContext& ctx, const OffloadConfig& o) : ctx_(ctx), offload_(o) {}
+  // The shard's gradient on the host: where the update reads it, and, homed
+  // on the GPU, each piece's download into the staging buffer (pinned there
+  // until they have all landed).
+  struct HostGrad {
+    const char* data = nullptr;  // the slice's first value
+    std::vector<CopyTicket> pieces;
+    TierKind pinned = TierKind::kHost;
+    bool held = false;
+  };
+  // Where the new parameters go, and the upload of each updated piece.
+  struct ParamsOut {
+    char* data = nullptr;  // the host home or a staging buffer
+    bool upload = false;   // homed on the GPU: uploaded piece by piece into `gpu`
+    char* gpu = nullptr;
+    TensorId id{};
+    CopyTicket last;  // the latest piece's upload (they land in order)
+    bool uploaded = false;
+    bool held = false;  // the pin on `id`
+  };
+  HostShardUpdate(const ShardUpdateContext& ctx, const OffloadConfig& o, uint64_t piece)
+      : ctx_(ctx), offload_(o), piece_(piece) {}
   Result<CopyTicket> UpdateOnGpu(Shard& sh, const OptJob& j, const ShardHow& how);
-  Result<const void*> HostGradient(Shard& sh, int64_t job_step);
-  Result<CopyTicket> UploadParams(Shard& sh, int64_t job_step, const void* pout);
+  Status StartGradient(Shard& sh, int64_t job_step, HostGrad* g);
+  Status FinishGradient(Shard& sh, HostGrad* g);
+  Status StartParams(Shard& sh, ParamsOut* out);
+  Status UpdatePieces(Shard& sh, const OptJob& j, const ShardHow& how, const HostGrad& g, float* w, void* m,
+                      void* v, float* w2, void* m2, void* v2, ParamsOut* out);
+  Result<CopyTicket> FinishParams(Shard& sh, ParamsOut* out, const Status& updated);
 
   ShardUpdateContext ctx_;
   OffloadConfig offload_;
+  uint64_t piece_;
   TierBlock grad_staging_, param_staging_[2];
   CopyTicket param_upload_[2];
   int param_slot_ = 0;
+  bool partly_written_ = false;  // (the last Update's)
+  static constexpr uint64_t kDefaultPieceParams = 8ull << 20;
 };
 
 class AssistShardUpdate final : public ShardUpdater {
@@ -99,6 +137,7 @@ class AssistShardUpdate final : public ShardUpdater {
   Result<CopyTicket> Update(size_t shard, const OptJob& job, const ShardHow& how,
                             const CopyTicket& last_upload) override;
   const char* what() const override { return " (gpu-assisted)"; }
+  bool PartlyWritten() const override { return partly_written_; }
   uint64_t chunk() const { return chunk_; }
   uint64_t buffer_bytes() const { return 3 * slots_[0].buf.bytes(); }
 
@@ -112,6 +151,7 @@ class AssistShardUpdate final : public ShardUpdater {
   uint64_t chunk_ = 0;  // parameters per chunk
   Slot slots_[3];
   int next_ = 0;
+  bool partly_written_ = false;  // (the last Update's)
 };
 
 }  // namespace strata

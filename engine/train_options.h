@@ -52,6 +52,7 @@ struct TrainOptions {
   int local_ranks = 1;
   IoEnv* nvme_env = nullptr;           // the NVMe tier's OS seam (tests inject faults); not owned
   uint64_t assist_chunk_params = 0;    // GPU-assisted optimizer chunk (0: 4 Mi parameters; tests use small ones)
+  uint64_t host_piece_params = 0;      // the CPU worker's pipelining piece (0: 8 Mi parameters; tests use small ones)
   bool assist_takes_all = false;       // tests: the CPU worker leaves every shard to the GPU-assisted one
   // Update the optimizer state after the backward even when it could run
   // during it (no clipping, no dynamic loss scale): the mode of a run with

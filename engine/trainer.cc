@@ -215,7 +215,7 @@ Status Trainer::Impl::Setup() {
 Status Trainer::Impl::SetUpOptimizer() {
   copies = std::make_unique<OptimizerCopies>(store.get());
   const ShardUpdateContext ctx{store.get(), state.get(), backend.get(), adam.get(), copies.get()};
-  ASSIGN_OR_RETURN(host_update, HostShardUpdate::Create(ctx, cfg().zero.offload_optimizer));
+  ASSIGN_OR_RETURN(host_update, HostShardUpdate::Create(ctx, cfg().zero.offload_optimizer, opt.host_piece_params));
   const std::string& mode = cfg().trainer.gpu_assisted_optimizer;
   if (mode == "on" || (mode == "auto" && cuda())) {
     const std::string no = AssistShardUpdate::Ineligible(*state);

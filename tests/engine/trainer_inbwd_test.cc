@@ -81,6 +81,7 @@ TrainOptions Options(const Case& k, const std::string& nvme_dir, int64_t steps) 
   o.gpu_memory_limit = 256 * kMiB;
   o.host_memory_limit = 256 * kMiB;
   o.assist_chunk_params = 1000;  // many chunks, a ragged last one
+  o.host_piece_params = 1000;    // the CPU worker's pieces too
   o.assist_takes_all = k.assist_takes_all;
   if (k.placement != Placement::kHost) {
     c.zero.offload_param.device = "cpu";
@@ -123,6 +124,29 @@ void ExpectStreamingMatches(const Case& k) {
   // (and so the PCIe bytes) depends on their timing, in either mode.
   ExpectSameBits(s, p, /*same_bytes=*/k.assist != "on" || k.assist_takes_all);
   EXPECT_LT(s.reports.back().loss, s.reports.front().loss);
+}
+
+// The CPU worker's update in pieces (each updated as its gradient lands,
+// its parameters uploaded at once) against whole shards: the same bits and
+// the same bytes over every link.
+TEST(TrainerInBackward, PiecesGiveTheWholeShardsBits) {
+  for (const char* precision : {"fp32", "bf16"})
+    for (Placement placement : {Placement::kHost, Placement::kHostStreamed, Placement::kNvme}) {
+      Case k;
+      k.precision = precision;
+      k.placement = placement;
+      SCOPED_TRACE(k.What());
+      TempDir nvme_a, nvme_b;
+      TrainOptions pieces = Options(k, nvme_a.path(), 3);
+      TrainOptions whole = Options(k, nvme_b.path(), 3);
+      pieces.host_piece_params = 999;  // a block's shard in tens of pieces, a ragged last one
+      whole.host_piece_params = 1ull << 40;
+      const Outcome a = Train(pieces, 3);
+      const Outcome b = Train(whole, 3);
+      ASSERT_EQ(a.reports.size(), 3u) << a.plan;
+      ASSERT_EQ(b.reports.size(), 3u) << b.plan;
+      ExpectSameBits(a, b, /*same_bytes=*/true);
+    }
 }
 
 TEST(TrainerInBackward, SameBitsAsAfterBackward) {
