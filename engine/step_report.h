@@ -23,7 +23,10 @@ struct StepReport {
   bool skipped = false;        // fp16 overflow: no update
   Speculation speculation = Speculation::kNone;  // this step's update
   int64_t tokens = 0;
-  double seconds = 0;          // wall time of the step, forward start to backward end (write-backs done)
+  // Wall time of the whole step: the forward's start to the end of what
+  // follows the backward (the loss and norm, the verdict, the update of the
+  // GPU-state prefix — every shard, all-resident — and the gathers).
+  double seconds = 0;
   // optimizer_s: the previous step's update, from its job's posting (after
   // the backward, or before the backward's last pass when the update runs
   // during it) to its last shard.

@@ -316,7 +316,10 @@ Result<StepReport> Trainer::Impl::RunStep(const int32_t* tokens, const int32_t* 
 
   r.step = step;
   r.tokens = shape.micro_batches * cfg().micro_batch * cfg().model.seq_len;
-  r.seconds = t2 - t0;
+  // The whole step: what follows the backward (the loss and norm, the
+  // update of the GPU-state prefix, which is every shard all-resident, the
+  // gathers) holds the next step back as much as the passes do.
+  r.seconds = NowSeconds() - t0;
   r.forward_s = fwd_s;
   r.backward_s = t2 - t0 - fwd_s;  // head and backward (and, micro-batch-major, everything but the forwards)
   r.wait_s = env->wait_seconds();
