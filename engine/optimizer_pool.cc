@@ -337,9 +337,7 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
     return Status::OK();
   };
   Status st;
-  // `partly`: an update failed after writing part of the shard, which then
-  // counts as written (Abort: the state cannot be the last step's).
-  bool wrote = false, handed_back = false, partly = false;
+  bool wrote = false, handed_back = false;
   if (!j.skip && ok) {
     if (j.streaming) {
       // Never update a shard whose own gradient holds a non-finite value
@@ -354,7 +352,6 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
     if (st.ok() && !handed_back) {
       st = update();
       wrote = st.ok();
-      partly = !wrote && updater->PartlyWritten();
     }
   }
   // A speculative update whose verdict came meanwhile is committed, or,
@@ -370,7 +367,6 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
     mu_.Unlock();
     st = update();
     wrote = st.ok();
-    partly = !wrote && updater->PartlyWritten();
     mu_.Lock();
     if (wrote) count();
   }
@@ -384,7 +380,7 @@ void OptimizerPool::Settle(const OptJob& j, size_t s, ShardHow how, const CopyTi
   } else {
     shard_state_[s] = ShardState::kFinal;
     updated_[s] = j.step;
-    if (wrote || partly) ++job_writes_;
+    if (wrote) ++job_writes_;
   }
   cv_.SignalAll();
   mu_.Unlock();

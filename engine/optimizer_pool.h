@@ -89,10 +89,6 @@ class ShardUpdater {
   virtual void ReadAhead(size_t shard, const OptJob& job) {}
   // "" or " (gpu-assisted)": for messages.
   virtual const char* what() const { return ""; }
-  // After an Update that failed: whether it had already written part of
-  // the shard (its state in place, or new parameters into their GPU home),
-  // so the shard holds neither the last step's state nor this one's.
-  virtual bool PartlyWritten() const { return false; }
 };
 
 class OptimizerPool {

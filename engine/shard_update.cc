@@ -95,7 +95,6 @@ Result<CopyTicket> HostShardUpdate::UpdateOnGpu(Shard& sh, const OptJob& j, cons
 Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const ShardHow& how, const CopyTicket&) {
   Shard& sh = ctx_.state->shard(s);
   TierStore* store = ctx_.store;
-  partly_written_ = false;
   if (how.speculative && sh.opt_home != TierKind::kHost)
     return Internal("a speculative update of " + sh.name + ", whose optimizer state is not on the host");
   if (sh.opt_home == TierKind::kGpu) return UpdateOnGpu(sh, j, how);
@@ -142,6 +141,7 @@ Result<CopyTicket> HostShardUpdate::Update(size_t s, const OptJob& j, const Shar
     if (st.ok()) st = r;
   }
   Result<CopyTicket> up = FinishParams(sh, &out, st);
+  if (st.ok() && !up.ok()) st = up.status();
   RETURN_IF_ERROR(st);
   if (sh.opt_home == TierKind::kNvme) {
     // Write-behind: the state goes home while the next shard updates (or
@@ -241,9 +241,6 @@ Status HostShardUpdate::UpdatePieces(Shard& sh, const OptJob& j, const ShardHow&
       a.exp_avg_sq_out = at(v2, off * ms);
     }
     RETURN_IF_ERROR(ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status());
-    // From here a failure leaves the shard part written: in place, its
-    // state; either way, its parameters (their host home, or uploaded).
-    partly_written_ = true;
     if (!out->upload) continue;
     ASSIGN_OR_RETURN(out->last, ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, out->gpu + off * ps,
                                                   out->data + off * ps, c * ps));
@@ -330,7 +327,6 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
   };
   std::vector<Pin> pins;
   Status st;
-  partly_written_ = false;
   auto pin = [&](TensorId id, TierKind tier, Access access, bool out) -> char* {
     if (!st.ok()) return nullptr;
     Result<TensorView> r = store->Acquire(id, tier, access);
@@ -389,9 +385,6 @@ Result<CopyTicket> AssistShardUpdate::Update(size_t si, const OptJob& j, const S
         if (st.ok()) st = t.Wait();
       if (st.ok()) st = ctx_.adam->Step(a, j.hyper, {how.multiplier, false}).status();
     }
-    // A chunk's new parameters are written in place (and, not speculating,
-    // its state on the way home): a later failure leaves the shard part written.
-    if (st.ok()) partly_written_ = true;
     CopyAfter after;
     after.stream = s;
     auto d2h = [&](void* dst, const void* src, uint64_t bytes) {

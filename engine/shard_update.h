@@ -77,8 +77,6 @@ class HostShardUpdate final : public ShardUpdater {
   Result<CopyTicket> Update(size_t shard, const OptJob& job, const ShardHow& how,
                             const CopyTicket& last_upload) override;
   void ReadAhead(size_t shard, const OptJob& job) override;
-  bool PartlyWritten() const override { return partly_written_; }
-  uint64_t piece() const { return piece_; }
 
  private:
   // The shard's gradient on the host: where the update reads it, and, homed
@@ -116,7 +114,6 @@ class HostShardUpdate final : public ShardUpdater {
   TierBlock grad_staging_, param_staging_[2];
   CopyTicket param_upload_[2];
   int param_slot_ = 0;
-  bool partly_written_ = false;  // (the last Update's)
   static constexpr uint64_t kDefaultPieceParams = 8ull << 20;
 };
 
@@ -137,7 +134,6 @@ class AssistShardUpdate final : public ShardUpdater {
   Result<CopyTicket> Update(size_t shard, const OptJob& job, const ShardHow& how,
                             const CopyTicket& last_upload) override;
   const char* what() const override { return " (gpu-assisted)"; }
-  bool PartlyWritten() const override { return partly_written_; }
   uint64_t chunk() const { return chunk_; }
   uint64_t buffer_bytes() const { return 3 * slots_[0].buf.bytes(); }
 
@@ -151,7 +147,6 @@ class AssistShardUpdate final : public ShardUpdater {
   uint64_t chunk_ = 0;  // parameters per chunk
   Slot slots_[3];
   int next_ = 0;
-  bool partly_written_ = false;  // (the last Update's)
 };
 
 }  // namespace strata
