@@ -244,7 +244,6 @@ Status HostShardUpdate::UpdatePieces(Shard& sh, const OptJob& j, const ShardHow&
     if (!out->upload) continue;
     ASSIGN_OR_RETURN(out->last, ctx_.copies->Copy(j.step, CopyDirection::kHostToDevice, out->gpu + off * ps,
                                                   out->data + off * ps, c * ps));
-    out->uploaded = true;
   }
   return Status::OK();
 }
@@ -264,9 +263,10 @@ Result<CopyTicket> HostShardUpdate::FinishParams(Shard& sh, ParamsOut* out, cons
   }
   void* cstream = ctx_.cuda() ? store->copy_engine()->stream(CopyDirection::kHostToDevice) : nullptr;
   // (The stand-in has no stream to order on: its uploads are waited for.)
-  Status ws = out->uploaded && !ctx_.cuda() ? out->last.Wait() : Status::OK();
-  RETURN_IF_ERROR(store->Release(out->id, TierKind::kGpu, out->uploaded && ws.ok(),
-                                 out->uploaded && ws.ok() ? cstream : nullptr));
+  const bool uploaded = out->last.valid();  // (some piece went up)
+  Status ws = uploaded && !ctx_.cuda() ? out->last.Wait() : Status::OK();
+  RETURN_IF_ERROR(
+      store->Release(out->id, TierKind::kGpu, uploaded && ws.ok(), uploaded && ws.ok() ? cstream : nullptr));
   RETURN_IF_ERROR(ws);
   param_upload_[param_slot_] = out->last;
   param_slot_ ^= 1;

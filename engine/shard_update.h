@@ -79,6 +79,7 @@ class HostShardUpdate final : public ShardUpdater {
   void ReadAhead(size_t shard, const OptJob& job) override;
 
  private:
+  static constexpr uint64_t kDefaultPieceParams = 8ull << 20;
   // The shard's gradient on the host: where the update reads it, and, homed
   // on the GPU, each piece's download into the staging buffer (pinned there
   // until they have all landed).
@@ -94,8 +95,7 @@ class HostShardUpdate final : public ShardUpdater {
     bool upload = false;   // homed on the GPU: uploaded piece by piece into `gpu`
     char* gpu = nullptr;
     TensorId id{};
-    CopyTicket last;  // the latest piece's upload (they land in order)
-    bool uploaded = false;
+    CopyTicket last;  // the latest piece's upload (they land in order; none: nothing went up)
     bool held = false;  // the pin on `id`
   };
   HostShardUpdate(const ShardUpdateContext& ctx, const OffloadConfig& o, uint64_t piece)
@@ -114,7 +114,6 @@ class HostShardUpdate final : public ShardUpdater {
   TierBlock grad_staging_, param_staging_[2];
   CopyTicket param_upload_[2];
   int param_slot_ = 0;
-  static constexpr uint64_t kDefaultPieceParams = 8ull << 20;
 };
 
 class AssistShardUpdate final : public ShardUpdater {
