@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  unsigned char* base = AlignedSmem(smem_raw);
   unsigned char* sK = base;              // (kD/64 blocks, 128 keys, 128 B)
   unsigned char* sV = sK + kKVTile;
   unsigned char* sQ = sV + kKVTile;      // 2 stages of (kD/64, 64 queries, 128 B)
@@ -222,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kDsTile = SwizzledTileBytes<kKeys>(kDqRows), kKTile = SwizzledTileBytes<kD>(kKeys);
   constexpr int kStage = kDsTile + kKTile;
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  unsigned char* base = AlignedSmem(smem_raw);
   // Stage s: dS (2 blocks of 64 keys, 128 queries, 128 B) at base + s kStage, K right after it.
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;

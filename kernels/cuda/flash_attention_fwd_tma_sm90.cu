@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+  unsigned char* base = AlignedSmem(smem_raw);
   unsigned char* sQ = base;  // (kD/64 blocks, kBr rows, 128 B)
   unsigned char* sK = sQ + kQTile;
   unsigned char* sV = sK + kStages * kKVTile;

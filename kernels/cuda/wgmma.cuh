@@ -49,6 +49,11 @@ __device__ __forceinline__ void WgmmaWait() {
 __device__ __forceinline__ void FenceProxyAsync() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
+// The first 1024-byte aligned address of a dynamic shared-memory array
+// (swizzled tiles start there; launches ask for 1024 bytes more than they use).
+__device__ __forceinline__ unsigned char* AlignedSmem(unsigned char* smem_raw) {
+  return smem_raw + ((1024 - (SmemAddr(smem_raw) & 1023)) & 1023);
+}
 // Pins registers a wgmma reads or writes (accumulators, or a register A
 // operand) at this point of the program: reads after it are not hoisted
 // above it, writes before it are not sunk below it.

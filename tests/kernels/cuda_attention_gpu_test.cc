@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/half.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/kernels/backend_compare.h"
@@ -327,7 +328,9 @@ TEST_P(CudaAttentionTest, TmaBackwardHasTheWgmmaBackwardsBits) {
   ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
   auto backward = [&](const char* name, std::vector<uint8_t>* bytes) {
     ASSERT_OK(SetFlashVariant(flash.get(), name));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_))));
+    const size_t ws_bytes = std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_));
+    ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(ws_bytes));
+    ASSERT_OK(flash->Memset(ws.data(), 0xFF, ws_bytes));  // dS read before it is written: NaN
     mir.PoisonGpu(dqkv);
     ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(),
                                        lse.gpu.as<float>(), ws.data()));
@@ -338,6 +341,21 @@ TEST_P(CudaAttentionTest, TmaBackwardHasTheWgmmaBackwardsBits) {
   backward("v4", &d4);
   backward("v6", &d6);
   EXPECT_TRUE(d6 == d4) << "v6: dqkv differs from v4's";
+  // v7 runs v6's passes in one grid, so v4's bits too, whatever the lag (0:
+  // each head's dQ blocks right behind its dK/dV blocks, waiting on nearly
+  // every tile; 1: one head apart; "": the default; 100000: every dK/dV
+  // block first) and with or without the L2 discard.
+  for (const char* lag : {"0", "1", "", "100000"})
+    for (const char* discard : {"1", "0"}) {
+      SCOPED_TRACE(std::string("v7, STRATA_FLASH_BWD_LAG=") + lag + ", STRATA_FLASH_BWD_DISCARD=" + discard);
+      ::setenv("STRATA_FLASH_BWD_LAG", lag, 1);
+      ::setenv("STRATA_FLASH_BWD_DISCARD", discard, 1);
+      std::vector<uint8_t> d7;
+      backward("v7", &d7);
+      EXPECT_TRUE(d7 == d4) << "v7: dqkv differs from v4's";
+    }
+  ::unsetenv("STRATA_FLASH_BWD_LAG");
+  ::unsetenv("STRATA_FLASH_BWD_DISCARD");
 }
 
 std::vector<AttnCase> Cases() {
@@ -407,6 +425,63 @@ TEST_F(CudaAttentionErrorTest, UnknownFlashVariantIsInvalidArgument) {
     EXPECT_EQ(two_pass, size_t{2 * 3 * 1000 * 4});
     EXPECT_GT(ds, two_pass + size_t{2 * 3} * 1000 * 1000 * 2 / 2);
   }
+}
+
+// v7 at the GPT 1.3B shape (128 heads of 16 key blocks: many heads' dK/dV
+// and dQ blocks resident together, each dQ block waiting on the tiles of
+// blocks launched before it): v6's bits at the default lag and at lag 0.
+// A malformed tuning variable is an error that names it.
+TEST_F(CudaAttentionErrorTest, FusedBackwardHasV6sBitsAtTheGptShape) {
+  if (::strata::testing::GpuTestsOnCpu()) GTEST_SKIP() << "CUDA-only behaviour";
+  const FlashVariant* v7 = FindFlashVariant("v7");
+  ASSERT_NE(v7, nullptr);
+  if (!::strata::testing::FlashVariantRunsHere(*v7)) GTEST_SKIP() << "the wgmma kernels need an sm_90a build on a 9.0 GPU";
+  const AttentionShape s{8, 2048, 16, 128, DType::kBF16};
+  const int64_t C = s.heads * s.head_dim, rows = s.batch * s.seq;
+  CudaBackendOptions o;
+  o.attention = AttentionImpl::kFlash;
+  ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
+  auto upload = [&](int64_t n, uint64_t seed) {
+    std::vector<uint16_t> h(static_cast<size_t>(n));
+    std::vector<float> f = RandomFloats(n, seed, -2.f, 2.f);
+    for (int64_t i = 0; i < n; ++i) h[i] = FloatToBF16(f[i]);
+    auto buf = flash->Allocate(h.size() * 2);
+    EXPECT_OK(buf.status());
+    EXPECT_OK(flash->CopyToDevice(buf->data(), h.data(), h.size() * 2));
+    return std::move(buf).value();
+  };
+  DeviceBuffer qkv = upload(rows * 3 * C, 11), dout = upload(rows * C, 12);
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, flash->Allocate(rows * C * 2));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer lse, flash->Allocate(s.batch * s.heads * s.seq * 4));
+  ASSERT_OK_AND_ASSIGN(DeviceBuffer dqkv, flash->Allocate(rows * 3 * C * 2));
+  ASSERT_OK(SetFlashVariant(flash.get(), "v6"));
+  ASSERT_OK(flash->AttentionForward(s, out.data(), lse.as<float>(), qkv.data(), nullptr));
+  auto backward = [&](const char* name, std::vector<uint8_t>* bytes) -> Status {
+    RETURN_IF_ERROR(SetFlashVariant(flash.get(), name));
+    const size_t ws_bytes = flash->AttentionWorkspaceBytes(s);
+    ASSIGN_OR_RETURN(DeviceBuffer ws, flash->Allocate(ws_bytes));
+    RETURN_IF_ERROR(flash->Memset(ws.data(), 0xFF, ws_bytes));
+    RETURN_IF_ERROR(flash->Memset(dqkv.data(), 0xFF, dqkv.bytes()));
+    RETURN_IF_ERROR(flash->AttentionBackward(s, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.as<float>(),
+                                             ws.data()));
+    RETURN_IF_ERROR(flash->Synchronize());
+    bytes->resize(dqkv.bytes());
+    return flash->CopyToHost(bytes->data(), dqkv.data(), dqkv.bytes());
+  };
+  std::vector<uint8_t> d6, d7;
+  ASSERT_OK(backward("v6", &d6));
+  for (const char* lag : {"", "0"}) {
+    SCOPED_TRACE(std::string("STRATA_FLASH_BWD_LAG=") + lag);
+    ::setenv("STRATA_FLASH_BWD_LAG", lag, 1);
+    ASSERT_OK(backward("v7", &d7));
+    EXPECT_TRUE(d7 == d6) << "v7: dqkv differs from v6's";
+  }
+  ::setenv("STRATA_FLASH_BWD_LAG", "two", 1);
+  const Status bad = backward("v7", &d7);
+  EXPECT_THAT(bad, StatusIs(StatusCode::kInvalidArgument));
+  EXPECT_NE(bad.message().find("STRATA_FLASH_BWD_LAG=two"), std::string_view::npos) << bad.ToString();
+  ::unsetenv("STRATA_FLASH_BWD_LAG");
+  EXPECT_OK(flash->Synchronize());
 }
 
 // The default is the first variant that runs on this GPU: v4 (wgmma) on a
