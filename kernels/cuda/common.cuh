@@ -13,6 +13,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "base/cuda_check.h"
 #include "base/dtype.h"
@@ -158,6 +159,17 @@ template <typename Kernel>
 Status SetSmem(Kernel kernel, size_t bytes) {
   CUDA_RETURN_IF_ERROR(
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  return Status::OK();
+}
+
+// Launches `kernel` on `stream` with `smem` bytes of dynamic shared memory
+// (SetSmem first) and returns the launch's error, if any.
+template <typename... Params, typename... Args>
+Status LaunchWithSmem(void (*kernel)(Params...), dim3 grid, int threads, size_t smem, cudaStream_t stream,
+                      Args&&... args) {
+  RETURN_IF_ERROR(SetSmem(kernel, smem));
+  kernel<<<grid, threads, smem, stream>>>(std::forward<Args>(args)...);
+  CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return Status::OK();
 }
 

@@ -936,11 +936,9 @@ Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, 
   const int seq = static_cast<int>(s.seq), C = H * D;
   constexpr size_t smem = FwdSmemBytes<T, kD, kBc>();
   auto kernel = flash_attention_forward_kernel<T, kD, kBc, kFma>;
-  RETURN_IF_ERROR(SetSmem(kernel, smem));
   dim3 grid(static_cast<unsigned>(s.batch * s.heads), CeilDiv(seq, RowBlock<kD>::kBr));
-  kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv),
-                                           seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
-  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_kernel");
+  RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(out), lse,
+      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv())));
   return Status::OK();
 }
 
@@ -959,23 +957,18 @@ Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale,
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDkDvKeys));
     constexpr size_t smem = DkDvSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
     const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
-    kernel<<<grid, kThreads, smem, stream>>>(t.dkv, static_cast<const T*>(qkv),
-                                             static_cast<const T*>(dout), lse, delta, seq, H, D, C,
-                                             scale * kLog2e, scale, static_cast<int>(s.kv()), t.stride,
-                                             t.dv_off);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, t.dkv, static_cast<const T*>(qkv),
+        static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e, scale, static_cast<int>(s.kv()),
+        t.stride, t.dv_off));
   }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, RowBlock<kD>::kBr));
     constexpr size_t smem = DqSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dq_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), static_cast<const T*>(qkv),
-                                             static_cast<const T*>(dout), lse, delta, seq, H, D, C,
-                                             scale * kLog2e, scale, static_cast<int>(s.kv()));
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(dqkv),
+        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e,
+        scale, static_cast<int>(s.kv())));
   }
   return SumGroups<T>(stream, s, dqkv, dkv_ws);
 }
@@ -1007,23 +1000,17 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsKeys));
     constexpr size_t smem = DkDvDsSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_ds_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
     const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
-    kernel<<<grid, kDsThreads, smem, stream>>>(t.dkv, ds, static_cast<const T*>(qkv),
-                                               static_cast<const T*>(dout), lse, delta, seq, H, D,
-                                               C, scale * kLog2e, scale, static_cast<int>(s.kv()),
-                                               t.stride, t.dv_off);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_ds_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kDsThreads, smem, stream, t.dkv, ds,
+        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e,
+        scale, static_cast<int>(s.kv()), t.stride, t.dv_off));
   }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsQueries));
     constexpr size_t smem = DqDsSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dq_ds_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(dqkv), ds,
-                                             static_cast<const T*>(qkv), seq, H, D, C, scale,
-                                             static_cast<int>(s.kv()));
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_ds_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(dqkv), ds,
+        static_cast<const T*>(qkv), seq, H, D, C, scale, static_cast<int>(s.kv())));
   }
   return SumGroups<T>(stream, s, dqkv, dkv_ws);
 }

@@ -295,21 +295,16 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
   {
     constexpr size_t smem = DkDvSmemBytes<kD>();
     auto kernel = flash_attention_backward_dkdv_wgmma_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dkv), static_cast<T*>(p.ds),
-                                             static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse,
-                                             p.delta, seq, H, D, C, scale * kLog2e, scale, KV, p.dkv_stride,
-                                             p.dv_off);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_wgmma_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dkv),
+        static_cast<T*>(p.ds), static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq,
+        H, D, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off));
   }
   {
     static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_wgmma_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(static_cast<T*>(p.dqkv), static_cast<const T*>(p.ds),
-                                             static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_wgmma_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dqkv),
+        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV));
   }
   return Status::OK();
 }

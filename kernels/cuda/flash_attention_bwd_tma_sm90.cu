@@ -502,30 +502,24 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.progress, 0, DsProgressBytes(s), stream));
     constexpr size_t smem = std::max(DkDvSmemBytes<kD>(), DqSmemBytes<kD>());
     auto kernel = flash_attention_backward_fused_tma_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<2 * grid, kThreads, smem, stream>>>(
-        qkv_map, dout_map, static_cast<T*>(p.dkv), static_cast<T*>(p.dqkv), static_cast<unsigned char*>(p.ds),
-        p.progress, p.lse, p.delta, seq, H, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off,
-        static_cast<int>(s.batch * s.heads), t.lag, t.discard ? 1 : 0);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_fused_tma_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, 2 * grid, kThreads, smem, stream, qkv_map, dout_map,
+        static_cast<T*>(p.dkv), static_cast<T*>(p.dqkv), static_cast<unsigned char*>(p.ds), p.progress, p.lse,
+        p.delta, seq, H, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off,
+        static_cast<int>(s.batch * s.heads), t.lag, t.discard ? 1 : 0));
     return Status::OK();
   }
   {
     constexpr size_t smem = DkDvSmemBytes<kD>();
     auto kernel = flash_attention_backward_dkdv_tma_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(qkv_map, dout_map, static_cast<T*>(p.dkv),
-                                             static_cast<unsigned char*>(p.ds), p.lse, p.delta, seq, H, C,
-                                             scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dkdv_tma_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, dout_map,
+        static_cast<T*>(p.dkv), static_cast<unsigned char*>(p.ds), p.lse, p.delta, seq, H, C, scale * kLog2e,
+        scale, KV, p.dkv_stride, p.dv_off));
   }
   {
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_tma_kernel<T, kD>;
-    RETURN_IF_ERROR(SetSmem(kernel, smem));
-    kernel<<<grid, kThreads, smem, stream>>>(qkv_map, static_cast<T*>(p.dqkv),
-                                             static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV);
-    CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_backward_dq_tma_kernel");
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, static_cast<T*>(p.dqkv),
+        static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV));
   }
   return Status::OK();
 }

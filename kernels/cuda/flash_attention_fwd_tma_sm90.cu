@@ -241,10 +241,9 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
                                  s.dtype == DType::kBF16));
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_tma_kernel<T, kD, kPingpong>;
-  RETURN_IF_ERROR(SetSmem(kernel, smem));
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
-  kernel<<<grid, kThreads, smem, stream>>>(map, static_cast<T*>(out), lse, seq, H, C, scale * kLog2e, KV);
-  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_tma_kernel");
+  RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, map, static_cast<T*>(out), lse, seq, H,
+      C, scale * kLog2e, KV));
   return Status::OK();
 }
 

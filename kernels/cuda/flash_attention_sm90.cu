@@ -171,11 +171,9 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   const int seq = static_cast<int>(s.seq), C = H * D;
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
-  RETURN_IF_ERROR(SetSmem(kernel, smem));
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
-  kernel<<<grid, kWgThreads, smem, stream>>>(static_cast<T*>(out), lse, static_cast<const T*>(qkv), seq,
-                                             H, D, C, scale * kLog2e, static_cast<int>(s.kv()));
-  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_forward_wgmma_kernel");
+  RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kWgThreads, smem, stream, static_cast<T*>(out), lse,
+      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv())));
   return Status::OK();
 }
 
