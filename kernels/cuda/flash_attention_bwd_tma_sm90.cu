@@ -489,11 +489,8 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
   const uint64_t row_stride = static_cast<uint64_t>(C) + 2ULL * KV * kD;
   const bool bf = s.dtype == DType::kBF16;
   CUtensorMap qkv_map, dout_map;
-  RETURN_IF_ERROR(EncodeTmaMap16(&qkv_map, p.qkv, row_stride, static_cast<uint64_t>(seq),
-                                 static_cast<uint64_t>(s.batch), row_stride, row_stride * seq, kBox, bf));
-  RETURN_IF_ERROR(EncodeTmaMap16(&dout_map, p.dout, static_cast<uint64_t>(C), static_cast<uint64_t>(seq),
-                                 static_cast<uint64_t>(s.batch), static_cast<uint64_t>(C),
-                                 static_cast<uint64_t>(C) * seq, kBox, bf));
+  RETURN_IF_ERROR(EncodeSequenceTmaMap(&qkv_map, p.qkv, row_stride, seq, s.batch, kBox, bf));
+  RETURN_IF_ERROR(EncodeSequenceTmaMap(&dout_map, p.dout, C, seq, s.batch, kBox, bf));
   static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
   const unsigned key_blocks = CeilDiv(seq, kKeys);
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * key_blocks;
