@@ -51,8 +51,6 @@ enum class FlashBwdKernel : uint8_t {
   kTma,    // kWgmma's products, warp-specialized: a producer warpgroup loads with
            // TMA, dS leaves through bulk stores (head_dim 64 or 128; other shapes
            // run kWgmma)
-  kTmaFused,  // kTma's two passes in one grid: each head's dQ blocks run soon after
-              // its dK/dV blocks, beside later heads' dK/dV, and read its dS from L2
 };
 struct FlashVariant {
   const char* name;
@@ -71,7 +69,6 @@ struct FlashVariant {
 // fallback.
 inline constexpr FlashVariant kFlashVariants[] = {
     {"v6", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kTma, "fwd as v5pp, bwd v4's products fed by a TMA producer warpgroup"},
-    {"v7", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kTmaFused, "fwd as v5pp, bwd v6's passes in one grid (dS through L2)"},
     {"v5pp", FlashFwdKernel::kTmaPingpong, FlashBwdKernel::kWgmma, "v5 with ping-pong consumer warpgroups (sm_90a)"},
     {"v5", FlashFwdKernel::kTma, FlashBwdKernel::kWgmma, "fwd wgmma fed by a TMA producer warpgroup, bwd as v4"},
     {"v4", FlashFwdKernel::kWgmma, FlashBwdKernel::kWgmma, "fwd wgmma, bwd v2's scheme on wgmma (sm_90a)"},

@@ -637,8 +637,7 @@ class CudaBackend final : public Backend {
 
 bool FlashVariantRuns(const FlashVariant& v, int cc_major, int cc_minor) {
   if (v.fwd == FlashFwdKernel::kWgmma || v.fwd == FlashFwdKernel::kTma ||
-      v.fwd == FlashFwdKernel::kTmaPingpong || v.bwd == FlashBwdKernel::kWgmma || v.bwd == FlashBwdKernel::kTma ||
-      v.bwd == FlashBwdKernel::kTmaFused)
+      v.fwd == FlashFwdKernel::kTmaPingpong || v.bwd == FlashBwdKernel::kWgmma || v.bwd == FlashBwdKernel::kTma)
     return cuda::FlashWgmmaRuns(cc_major, cc_minor);
   return cc_major >= 8;
 }

@@ -985,15 +985,13 @@ Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scal
   flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
       delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
   CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
-  if (kernel == FlashBwdKernel::kWgmma || kernel == FlashBwdKernel::kTma || kernel == FlashBwdKernel::kTmaFused) {
+  if (kernel == FlashBwdKernel::kWgmma || kernel == FlashBwdKernel::kTma) {
     const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
     FlashDsPasses p;
     p.dqkv = dqkv, p.dkv = t.dkv, p.dkv_stride = t.stride, p.dv_off = t.dv_off, p.ds = ds;
     p.dout = dout, p.qkv = qkv, p.lse = lse, p.delta = delta;
-    if (kernel == FlashBwdKernel::kTmaFused)
-      p.progress = reinterpret_cast<uint32_t*>(static_cast<char*>(workspace) + DsProgressOffsetBytes(s));
-    RETURN_IF_ERROR(kernel == FlashBwdKernel::kWgmma ? FlashAttentionBackwardWgmmaPasses(stream, s, scale, p)
-                                                     : FlashAttentionBackwardTmaPasses(stream, s, scale, p));
+    RETURN_IF_ERROR(kernel == FlashBwdKernel::kTma ? FlashAttentionBackwardTmaPasses(stream, s, scale, p)
+                                                   : FlashAttentionBackwardWgmmaPasses(stream, s, scale, p));
     return SumGroups<T>(stream, s, dqkv, dkv_ws);
   }
   {
@@ -1030,8 +1028,6 @@ bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
 size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
   if (variant.bwd == FlashBwdKernel::kTwoPass)
     return s.kv() == s.heads ? static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) : DsOffsetBytes(s);
-  if (variant.bwd == FlashBwdKernel::kTmaFused)
-    return DsProgressOffsetBytes(s) + ((DsProgressBytes(s) + 255) & ~size_t{255});
   const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
   return DsOffsetBytes(s) + (s.kv() == s.heads ? ds : (ds + 255) & ~size_t{255});
 }

@@ -32,12 +32,6 @@
 // passes for other shapes.
 #include <cuda.h>
 
-#include <algorithm>
-#include <climits>
-#include <cstdlib>
-#include <string>
-#include <string_view>
-
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_bwd_wgmma_steps.cuh"
 #include "kernels/cuda/flash_dispatch.cuh"
@@ -90,27 +84,6 @@ constexpr size_t DqSmemBytes() {
   return 1024 + static_cast<size_t>(kDqStages) * DqStageBytes<kD>() + sizeof(DqBarriers);
 }
 
-// The role of block `lin` of the fused grid: the groups of n blocks (one
-// head's dK/dV blocks, D(i), or dQ blocks, Q(i)) go D(0) .. D(lag - 1), then
-// D(i) Q(i - lag) for i = lag .. bh_count - 1, then the remaining Q. Within a
-// group: D(i) first key block first (most queries), Q(i) first query block
-// first (the first whose dS is complete).
-struct FusedRole {
-  bool dq;
-  int bh, tile;
-};
-__device__ __forceinline__ FusedRole FusedBlockRole(int lin, int bh_count, int n, int lag) {
-  const int lead = min(lag, bh_count);
-  const int g = lin / n, r = lin % n;
-  if (g < lead) return {false, g, r};
-  const int g2 = g - lead, paired = 2 * (bh_count - lead);
-  if (g2 < paired) {
-    const int i = lead + g2 / 2;
-    return (g2 & 1) ? FusedRole{true, i - lead, r} : FusedRole{false, i, r};
-  }
-  return {true, bh_count - lead + (g2 - paired), r};
-}
-
 // The 128 rows from `row` of a tensor map of 64-row boxes into the swizzled
 // tile at dst (kD / 64 column blocks of 128 rows), completing on bar.
 template <int kD>
@@ -123,18 +96,21 @@ __device__ __forceinline__ void TmaLoadRows128(unsigned char* dst, const CUtenso
       TmaLoad3d(dst + cb * (128 * 128) + rb * (kBox * 128), map, bar, col + cb * 64, row + rb * kBox, b);
 }
 
-// One dK/dV block: (bh, key block `tile`) in the shared memory at `base`
-// (1024-byte aligned). Needs D == kD. kSignal (the fused grid): each
-// consumer warpgroup publishes, in progress[wg], how many of the head's
-// 64-query tiles it has stored its half of dS for (tiles before the value are
-// in global memory), one tile behind its latest store and all at the end.
-template <typename T, int kD, bool kSignal>
-__device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUtensorMap* dout_map, T* dkv,
-                                          unsigned char* ds_ws, const float* lse, const float* delta, int seq,
-                                          int H, int C, float scale_log2, float scale, int KV, int64_t dkv_stride,
-                                          int64_t dv_off, HeadTile ht, unsigned char* base, uint32_t* progress) {
+// grid ceil(T / 128) * B * H (FlashBlockTile), the first key block of a head
+// (most queries) first. Needs D == kD.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dkdv_tma_kernel(const __grid_constant__ CUtensorMap qkv_map,
+                                             const __grid_constant__ CUtensorMap dout_map, T* __restrict__ dkv,
+                                             unsigned char* __restrict__ ds_ws, const float* __restrict__ lse,
+                                             const float* __restrict__ delta, int seq, int H, int C,
+                                             float scale_log2, float scale, int KV, int64_t dkv_stride,
+                                             int64_t dv_off) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = AlignedSmem(smem_raw);
   unsigned char* sK = base;  // (kD/64 blocks, 128 keys, 128 B)
   unsigned char* sV = sK + kKVTile;
   unsigned char* sQ = sV + kKVTile;          // kStages x (kD/64, 64 queries, 128 B)
@@ -143,7 +119,10 @@ __device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUte
   float* sL = reinterpret_cast<float*>(sDs + 2 * kDsBufs * kDsHalf);  // (kStages, 64): lse log2e, +inf past T
   float* sDelta = sL + kStages * kQueries;                              // (kStages, 64): delta, 0 past T
   DkDvBarriers* bars = reinterpret_cast<DkDvBarriers*>(sDelta + kStages * kQueries);
+
   const int lane = threadIdx.x & 31;
+  const int n_tiles = (seq + kKeys - 1) / kKeys;
+  const HeadTile ht = FlashBlockTile(n_tiles);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int k0 = ht.tile * kKeys;
   const int n_qt = (seq + kQueries - 1) / kQueries;
@@ -166,20 +145,20 @@ __device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUte
     const int pwarp = threadIdx.x >> 5;
     if (pwarp == 0 && lane == 0) {
       const int kvh = h / (H / KV);
-      TmaPrefetchDescriptor(qkv_map);
-      TmaPrefetchDescriptor(dout_map);
+      TmaPrefetchDescriptor(&qkv_map);
+      TmaPrefetchDescriptor(&dout_map);
       MbarrierArriveExpectTx(&bars->kv_full, 2 * kKVTile);
-      TmaLoadRows128<kD>(sK, qkv_map, &bars->kv_full, C + kvh * kD, k0, b);
-      TmaLoadRows128<kD>(sV, qkv_map, &bars->kv_full, C + (KV + kvh) * kD, k0, b);
+      TmaLoadRows128<kD>(sK, &qkv_map, &bars->kv_full, C + kvh * kD, k0, b);
+      TmaLoadRows128<kD>(sV, &qkv_map, &bars->kv_full, C + (KV + kvh) * kD, k0, b);
       for (int it = qt_begin; it < n_qt; ++it) {
         const int i = it - qt_begin, s = i % kStages;
         MbarrierWait(&bars->empty[s], ((i / kStages) & 1) ^ 1);
         MbarrierArriveExpectTx(&bars->full[s], 2 * kQTile);
 #pragma unroll
         for (int cb = 0; cb < kD / 64; ++cb) {
-          TmaLoad3d(sQ + s * kQTile + cb * (kQueries * 128), qkv_map, &bars->full[s], h * kD + cb * 64,
+          TmaLoad3d(sQ + s * kQTile + cb * (kQueries * 128), &qkv_map, &bars->full[s], h * kD + cb * 64,
                     it * kQueries, b);
-          TmaLoad3d(sdO + s * kQTile + cb * (kQueries * 128), dout_map, &bars->full[s], h * kD + cb * 64,
+          TmaLoad3d(sdO + s * kQTile + cb * (kQueries * 128), &dout_map, &bars->full[s], h * kD + cb * 64,
                     it * kQueries, b);
         }
       }
@@ -259,12 +238,7 @@ __device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUte
       if (wt == 0) {
         BulkStore(ds_head + DsTileImageOffsetBytes(it, ht.tile) + wg * kDsHalf, buf, kDsHalf);
         BulkCommit();
-        if constexpr (kSignal) {
-          BulkWait<1>();  // the store before this one is in global memory (so it has read its buffer)
-          if (it > qt_begin) PublishProgress(progress + wg, static_cast<uint32_t>(it));
-        } else {
-          BulkWaitRead<1>();  // the store before this one has read its buffer
-        }
+        BulkWaitRead<1>();  // the store before this one has read its buffer
       }
     }
     WgmmaWait<0>();
@@ -272,10 +246,7 @@ __device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUte
     FenceAccumulator(dk);
     MbarrierArrive(&bars->empty[st]);
   }
-  if (wt == 0) {
-    BulkWait<0>();  // the dS stores are done before the block (and its shared memory) goes
-    if constexpr (kSignal) PublishProgress(progress + wg, static_cast<uint32_t>(n_qt));
-  }
+  if (wt == 0) BulkWait<0>();  // the dS stores are done before the block (and its shared memory) goes
 
   // This warpgroup's own key rows of sK and sV are free: only its products,
   // all completed, read them.
@@ -285,52 +256,33 @@ __device__ __forceinline__ void DkDvBlock(const CUtensorMap* qkv_map, const CUte
   T* dk_g = dkv + static_cast<int64_t>(b) * seq * dkv_stride + h * kD;
   StoreSwizzledRows<T, kD, kKeys, 128>(dk_g, sK, k0, seq, kD, dkv_stride, wg * 64, 64, wt);
   StoreSwizzledRows<T, kD, kKeys, 128>(dk_g + dv_off, sV, k0, seq, kD, dkv_stride, wg * 64, 64, wt);
-}
-
-// grid ceil(T / 128) * B * H (FlashBlockTile), the first key block of a head
-// (most queries) first. Needs D == kD.
-template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_attention_backward_dkdv_tma_kernel(const __grid_constant__ CUtensorMap qkv_map,
-                                             const __grid_constant__ CUtensorMap dout_map, T* __restrict__ dkv,
-                                             unsigned char* __restrict__ ds_ws, const float* __restrict__ lse,
-                                             const float* __restrict__ delta, int seq, int H, int C,
-                                             float scale_log2, float scale, int KV, int64_t dkv_stride,
-                                             int64_t dv_off) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  DkDvBlock<T, kD, false>(&qkv_map, &dout_map, dkv, ds_ws, lse, delta, seq, H, C, scale_log2, scale, KV,
-                          dkv_stride, dv_off, FlashBlockTile((seq + kKeys - 1) / kKeys), AlignedSmem(smem_raw),
-                          nullptr);
 #else
   __trap();
 #endif
 }
 
-// One dQ block: (bh, query block mb: panels 2 mb and 2 mb + 1) in the shared
-// memory at `base`. Needs D == kD. kWait (the fused grid): before a step's
-// loads the producer waits until both halves of the dS tiles it reads are
-// published in `progress` (the head's [key block][warpgroup] counts, see
-// DkDvBlock), and with `discard` each consumer thread drops from L2 the line
-// of dS it was the last to need, once the step's tiles have landed, so that
-// a panel read from L2 is never written back to memory.
-template <typename T, int kD, bool kWait>
-__device__ __forceinline__ void DqBlock(const CUtensorMap* qkv_map, T* dqkv, const unsigned char* ds_ws, int seq,
-                                        int H, int C, float scale, int KV, int bh, int mb, unsigned char* base,
-                                        const uint32_t* progress, bool discard) {
+// grid ceil(T / 128) * B * H (FlashBlockTile), the last query block of a head
+// (most keys) first. Needs D == kD.
+template <typename T, int kD>
+__global__ void __launch_bounds__(kThreads, 1)
+    flash_attention_backward_dq_tma_kernel(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ dqkv,
+                                           const unsigned char* __restrict__ ds_ws, int seq, int H, int C,
+                                           float scale, int KV) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStage = DqStageBytes<kD>();
+  extern __shared__ __align__(1024) unsigned char smem_raw[];
+  unsigned char* base = AlignedSmem(smem_raw);
   // Stage s at base + s kStage: the dS tiles of panels 2 mb and 2 mb + 1
   // (kDsTileImageBytes each), then K (kD/64 blocks, 128 keys, 128 B).
   DqBarriers* bars = reinterpret_cast<DqBarriers*>(base + kDqStages * kStage);
 
-  const int b = bh / H, h = bh % H;
+  const int n_tiles = (seq + kDqRows - 1) / kDqRows;
+  const HeadTile ht = FlashBlockTile(n_tiles);
+  const int bh = ht.bh, b = bh / H, h = bh % H;
+  const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;
   // Keys 0 .. min(seq, q0 + 128) - 1, all inside both panels.
   const int n_steps = (min(seq, q0 + kDqRows) + kKeys - 1) / kKeys;
-  const unsigned char* ds_head = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq) * 2;
-  // The last block may hold one panel only: its second warpgroup then
-  // reads the first panel's tiles again and its rows are not stored.
-  const int p1 = (2 * mb + 1) * kQueries < seq ? 2 * mb + 1 : 2 * mb;
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kDqStages; ++s) {
@@ -344,22 +296,21 @@ __device__ __forceinline__ void DqBlock(const CUtensorMap* qkv_map, T* dqkv, con
   if (threadIdx.x < 128) {  // ---- producer
     RegistersDecrease<kProducerRegs>();
     if (threadIdx.x == 0) {
+      const unsigned char* ds_head = ds_ws + static_cast<int64_t>(bh) * DsHeadElems(seq) * 2;
+      // The last block may hold one panel only: its second warpgroup then
+      // reads the first panel's tiles again and its rows are not stored.
+      const int p1 = (2 * mb + 1) * kQueries < seq ? 2 * mb + 1 : 2 * mb;
       const int col_k = C + (h / (H / KV)) * kD;
-      TmaPrefetchDescriptor(qkv_map);
+      TmaPrefetchDescriptor(&qkv_map);
       for (int j = 0; j < n_steps; ++j) {
         const int s = j % kDqStages;
         unsigned char* stage = base + s * kStage;
         MbarrierWait(&bars->empty[s], ((j / kDqStages) & 1) ^ 1);
-        if constexpr (kWait) {
-          // Key block j's dK/dV block stores panel p1's tile after panel 2 mb's.
-          WaitForProgress(progress + 2 * j, static_cast<uint32_t>(p1 + 1));
-          WaitForProgress(progress + 2 * j + 1, static_cast<uint32_t>(p1 + 1));
-        }
         MbarrierArriveExpectTx(&bars->full[s], kStage);
         BulkLoad(stage, ds_head + DsTileImageOffsetBytes(2 * mb, j), kDsTileImageBytes, &bars->full[s]);
         BulkLoad(stage + kDsTileImageBytes, ds_head + DsTileImageOffsetBytes(p1, j), kDsTileImageBytes,
                  &bars->full[s]);
-        TmaLoadRows128<kD>(stage + 2 * kDsTileImageBytes, qkv_map, &bars->full[s], col_k, j * kKeys, b);
+        TmaLoadRows128<kD>(stage + 2 * kDsTileImageBytes, &qkv_map, &bars->full[s], col_k, j * kKeys, b);
       }
     }
     return;
@@ -370,10 +321,6 @@ __device__ __forceinline__ void DqBlock(const CUtensorMap* qkv_map, T* dqkv, con
   const int cwarp = (threadIdx.x >> 5) - 4;  // 0..7: queries 16 cwarp .. of the block
   const int wg = cwarp >> 2;
   const int wt = threadIdx.x & 127;
-  // The dS tile this thread's warpgroup reads, and its line of it
-  // (kDsTileImageBytes = 128 lines of 128 bytes).
-  static_assert(kDsTileImageBytes == 128 * 128, "one L2 line of a dS tile per consumer thread");
-  const unsigned char* my_line = ds_head + DsTileImageOffsetBytes(wg == 0 ? 2 * mb : p1, 0) + wt * 128;
   float dq[kD / 8][4];
 #pragma unroll
   for (int i = 0; i < kD / 8; ++i) dq[i][0] = dq[i][1] = dq[i][2] = dq[i][3] = 0.f;
@@ -381,8 +328,6 @@ __device__ __forceinline__ void DqBlock(const CUtensorMap* qkv_map, T* dqkv, con
     const int s = j % kDqStages;
     const uint32_t stage = SmemAddr(base + s * kStage);
     MbarrierWait(&bars->full[s], (j / kDqStages) & 1);
-    if constexpr (kWait)
-      if (discard && (wg == 0 || p1 != 2 * mb)) DiscardL2Line(my_line + static_cast<int64_t>(j) * kDsTileImageBytes);
     FenceAccumulator(dq);
     WgmmaFence();
     FlashBwdIssueDq<T, kD, kQueries, kKeys>(dq, stage + wg * kDsTileImageBytes, stage + 2 * kDsTileImageBytes);
@@ -400,86 +345,9 @@ __device__ __forceinline__ void DqBlock(const CUtensorMap* qkv_map, T* dqkv, con
   const int64_t row_stride = C + 2LL * KV * kD;
   StoreSwizzledRows<T, kD, kDqRows, 128>(dqkv + static_cast<int64_t>(b) * seq * row_stride + h * kD, base, q0,
                                          seq, kD, row_stride, wg * 64, 64, wt);
-}
-
-// grid ceil(T / 128) * B * H (FlashBlockTile), the last query block of a head
-// (most keys) first. Needs D == kD.
-template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_attention_backward_dq_tma_kernel(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ dqkv,
-                                           const unsigned char* __restrict__ ds_ws, int seq, int H, int C,
-                                           float scale, int KV) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  const int n_tiles = (seq + kDqRows - 1) / kDqRows;
-  const HeadTile ht = FlashBlockTile(n_tiles);
-  DqBlock<T, kD, false>(&qkv_map, dqkv, ds_ws, seq, H, C, scale, KV, ht.bh, n_tiles - 1 - ht.tile,
-                        AlignedSmem(smem_raw), nullptr, false);
 #else
   __trap();
 #endif
-}
-
-// Both passes in one grid of 2 ceil(T / 128) B H blocks (FusedBlockRole):
-// the dQ blocks of head i follow the dK/dV blocks of head i + lag, so they
-// run while later heads' dK/dV blocks do, and read dS from L2 shortly after
-// it was written instead of from memory a whole pass later. A dQ block waits
-// (WaitForProgress) only for dK/dV blocks earlier in the grid, which never
-// wait: with blocks started in grid order (as CUDA GPUs do), every wait ends.
-template <typename T, int kD>
-__global__ void __launch_bounds__(kThreads, 1)
-    flash_attention_backward_fused_tma_kernel(const __grid_constant__ CUtensorMap qkv_map,
-                                              const __grid_constant__ CUtensorMap dout_map, T* __restrict__ dkv,
-                                              T* __restrict__ dqkv, unsigned char* __restrict__ ds_ws,
-                                              uint32_t* __restrict__ progress, const float* __restrict__ lse,
-                                              const float* __restrict__ delta, int seq, int H, int C,
-                                              float scale_log2, float scale, int KV, int64_t dkv_stride,
-                                              int64_t dv_off, int bh_count, int lag, int discard) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  extern __shared__ __align__(1024) unsigned char smem_raw[];
-  unsigned char* base = AlignedSmem(smem_raw);
-  const int n = (seq + kKeys - 1) / kKeys;
-  const FusedRole r = FusedBlockRole(static_cast<int>(blockIdx.x), bh_count, n, lag);
-  uint32_t* head_progress = progress + static_cast<int64_t>(r.bh) * n * 2;
-  if (r.dq) {
-    DqBlock<T, kD, true>(&qkv_map, dqkv, ds_ws, seq, H, C, scale, KV, r.bh, r.tile, base, head_progress,
-                         discard != 0);
-  } else {
-    DkDvBlock<T, kD, true>(&qkv_map, &dout_map, dkv, ds_ws, lse, delta, seq, H, C, scale_log2, scale, KV,
-                           dkv_stride, dv_off, HeadTile{r.bh, r.tile}, base, head_progress + 2 * r.tile);
-  }
-#else
-  __trap();
-#endif
-}
-
-// The fused grid's tuning: how many heads the dK/dV blocks run ahead of the
-// dQ blocks (STRATA_FLASH_BWD_LAG, default: one wave of dK/dV blocks, the
-// GPU's SMs / key blocks per head), and whether the dQ blocks drop the dS
-// they read from L2 (STRATA_FLASH_BWD_DISCARD=0|1, default 1).
-struct FusedTuning {
-  int lag = 0;
-  bool discard = true;
-};
-Result<FusedTuning> FusedTuningFor(int key_blocks) {
-  FusedTuning t;
-  int device = 0, sms = 0;
-  CUDA_RETURN_IF_ERROR(cudaGetDevice(&device));
-  CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  t.lag = (sms + key_blocks - 1) / key_blocks;
-  if (const char* e = std::getenv("STRATA_FLASH_BWD_LAG"); e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    if (*end != '\0' || v < 0 || v > (1L << 30))
-      return InvalidArgument(std::string("STRATA_FLASH_BWD_LAG=") + e + ": expected a count of heads >= 0");
-    t.lag = static_cast<int>(v);
-  }
-  if (const char* e = std::getenv("STRATA_FLASH_BWD_DISCARD"); e && *e) {
-    if (std::string_view(e) != "0" && std::string_view(e) != "1")
-      return InvalidArgument(std::string("STRATA_FLASH_BWD_DISCARD=") + e + ": expected 0 or 1");
-    t.discard = *e == '1';
-  }
-  return t;
 }
 
 template <typename T, int kD>
@@ -491,20 +359,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
   CUtensorMap qkv_map, dout_map;
   RETURN_IF_ERROR(EncodeSequenceTmaMap(&qkv_map, p.qkv, row_stride, seq, s.batch, kBox, bf));
   RETURN_IF_ERROR(EncodeSequenceTmaMap(&dout_map, p.dout, C, seq, s.batch, kBox, bf));
-  static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
-  const unsigned key_blocks = CeilDiv(seq, kKeys);
-  const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * key_blocks;
-  if (p.progress && 2ULL * grid <= static_cast<unsigned>(INT_MAX)) {
-    ASSIGN_OR_RETURN(FusedTuning t, FusedTuningFor(static_cast<int>(key_blocks)));
-    CUDA_RETURN_IF_ERROR(cudaMemsetAsync(p.progress, 0, DsProgressBytes(s), stream));
-    constexpr size_t smem = std::max(DkDvSmemBytes<kD>(), DqSmemBytes<kD>());
-    auto kernel = flash_attention_backward_fused_tma_kernel<T, kD>;
-    RETURN_IF_ERROR(LaunchWithSmem(kernel, 2 * grid, kThreads, smem, stream, qkv_map, dout_map,
-        static_cast<T*>(p.dkv), static_cast<T*>(p.dqkv), static_cast<unsigned char*>(p.ds), p.progress, p.lse,
-        p.delta, seq, H, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off,
-        static_cast<int>(s.batch * s.heads), t.lag, t.discard ? 1 : 0));
-    return Status::OK();
-  }
+  const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kKeys);
   {
     constexpr size_t smem = DkDvSmemBytes<kD>();
     auto kernel = flash_attention_backward_dkdv_tma_kernel<T, kD>;
@@ -513,6 +368,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
         scale, KV, p.dkv_stride, p.dv_off));
   }
   {
+    static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_tma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, static_cast<T*>(p.dqkv),

@@ -49,16 +49,5 @@ __host__ __device__ __forceinline__ int64_t DsTileImageOffsetBytes(int64_t m, in
 inline size_t DsOffsetBytes(const AttentionShape& s) {
   return (static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) + 255) & ~size_t{255};
 }
-// The fused TMA passes (kTmaFused) keep, after the panels (256-byte
-// aligned), one uint32 per (b, h), key block and consumer warpgroup: how many
-// of the head's 64-query tiles that warpgroup has stored its half of dS for.
-inline size_t DsProgressOffsetBytes(const AttentionShape& s) {
-  const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
-  return DsOffsetBytes(s) + ((ds + 255) & ~size_t{255});
-}
-inline size_t DsProgressBytes(const AttentionShape& s) {
-  return static_cast<size_t>(s.batch * s.heads) * static_cast<size_t>((s.seq + kDsKeys - 1) / kDsKeys) * 2 *
-         sizeof(uint32_t);
-}
 
 }  // namespace strata::kernels::cuda

@@ -144,11 +144,6 @@ struct FlashDsPasses {
   const void* qkv = nullptr;
   const float* lse = nullptr;
   const float* delta = nullptr;
-  // FlashAttentionBackwardTmaPasses only: the workspace's progress counts
-  // (flash_ds_panels.cuh, DsProgressBytes). Non-null: both passes run as one
-  // grid, the dQ blocks reading each head's dS soon after its dK/dV blocks
-  // wrote it (FlashBwdKernel::kTmaFused); the same products, so the same bits.
-  uint32_t* progress = nullptr;
 };
 Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
                                          const FlashDsPasses& passes);

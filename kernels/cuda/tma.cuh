@@ -107,38 +107,6 @@ __device__ __forceinline__ void BulkWait() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
-// Progress between blocks of one grid, over global memory. A block whose bulk
-// stores have completed (BulkWait) publishes a count; another block waits
-// for the count and then reads what those stores wrote with bulk or TMA
-// loads. The proxy fences order the async proxy's writes before the release
-// store on one side, and the acquire load before the async proxy's reads on
-// the other. A wait that lasts over two seconds means the blocks it waits
-// for never ran (a grid ordered against its dependencies): it traps rather
-// than hang the GPU.
-__device__ __forceinline__ void PublishProgress(uint32_t* counter, uint32_t value) {
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-  asm volatile("st.release.gpu.global.u32 [%0], %1;\n" ::"l"(counter), "r"(value) : "memory");
-}
-__device__ __forceinline__ void WaitForProgress(const uint32_t* counter, uint32_t at_least) {
-  uint32_t v;
-  uint64_t t0 = 0;
-  for (int spins = 0;; ++spins) {
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(counter) : "memory");
-    if (v >= at_least) break;
-    uint64_t now;
-    asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(now));
-    if (spins == 0) t0 = now;
-    else if (now - t0 > 2000000000ull) __trap();
-    __nanosleep(128);
-  }
-  asm volatile("fence.proxy.async.global;\n" ::: "memory");
-}
-// Drops the 128-byte line at p (128-byte aligned) from L2 without writing it
-// back: its contents become undefined. For scratch data read for the last time.
-__device__ __forceinline__ void DiscardL2Line(const void* p) {
-  asm volatile("discard.global.L2 [%0], 128;\n" ::"l"(p) : "memory");
-}
-
 // Register reallocation between the warpgroups of a warp-specialized block:
 // every warp of a warpgroup executes the same one.
 template <int kRegs>
