@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 extern char** environ;
@@ -87,6 +88,18 @@ inline CommandResult RunAndSignal(const std::vector<std::string>& argv, double d
   return cli_detail::Finish(pid, out);
 }
 
+namespace cli_detail {
+// Polls `out` every 10 ms until it shows `marker` or `until` passes.
+template <typename TimePoint>
+bool AwaitOutput(const std::string& out, const std::string& marker, TimePoint until) {
+  while (std::chrono::steady_clock::now() < until) {
+    if (ReadFile(out).find(marker) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+}  // namespace cli_detail
+
 // Runs argv; once its output shows `marker` (polled every 10 ms, for at
 // most `timeout_s`) sends each of `signals`, `gap_s` apart. Deterministic
 // where a delay is not: the signal lands after the step the marker names.
@@ -96,17 +109,38 @@ inline CommandResult RunAndSignalWhen(const std::vector<std::string>& argv, cons
   const pid_t pid = cli_detail::Spawn(argv, &out);
   if (pid < 0) return {-1, "cannot start " + argv[0]};
   const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
-  bool seen = false;
-  while (!seen && std::chrono::steady_clock::now() < until) {
-    seen = ReadFile(out).find(marker) != std::string::npos;
-    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
+  const bool seen = cli_detail::AwaitOutput(out, marker, until);
   for (size_t i = 0; i < signals.size(); ++i) {
     if (i) std::this_thread::sleep_for(std::chrono::duration<double>(gap_s));
     ::kill(pid, signals[i]);
   }
   CommandResult r = cli_detail::Finish(pid, out);
   if (!seen) r.output = "(never showed '" + marker + "')\n" + r.output;
+  return r;
+}
+
+// Runs argv and sends each signal once the output shows its marker, in
+// order. Two signals of one kind sent back to back may reach the process as
+// one (a pending signal is not queued twice); waiting for the output that
+// says the first was handled keeps them apart however loaded the machine.
+inline CommandResult RunAndSignalAt(const std::vector<std::string>& argv,
+                                    const std::vector<std::pair<std::string, int>>& marker_signals,
+                                    double timeout_s = 120) {
+  std::string out;
+  const pid_t pid = cli_detail::Spawn(argv, &out);
+  if (pid < 0) return {-1, "cannot start " + argv[0]};
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string missed;
+  for (const auto& [marker, signal] : marker_signals) {
+    if (!cli_detail::AwaitOutput(out, marker, until)) {
+      missed = marker;
+      break;
+    }
+    ::kill(pid, signal);
+  }
+  if (!missed.empty()) ::kill(pid, SIGKILL);
+  CommandResult r = cli_detail::Finish(pid, out);
+  if (!missed.empty()) r.output = "(never showed '" + missed + "')\n" + r.output;
   return r;
 }
 
