@@ -236,8 +236,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   const int seq = static_cast<int>(s.seq), C = H * kD;
   const uint64_t row_stride = static_cast<uint64_t>(C) + 2ULL * KV * kD;
   CUtensorMap map;
-  RETURN_IF_ERROR(EncodeSequenceTmaMap(&map, qkv, row_stride, static_cast<uint64_t>(seq),
-                                      static_cast<uint64_t>(s.batch), kBr, s.dtype == DType::kBF16));
+  RETURN_IF_ERROR(EncodeSequenceTmaMap(&map, qkv, row_stride, seq, s.batch, kBr, s.dtype == DType::kBF16));
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_tma_kernel<T, kD, kPingpong>;
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);

@@ -12,7 +12,6 @@
 #include <string>
 #include <vector>
 
-#include "base/half.h"
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
 #include "tests/kernels/backend_compare.h"
@@ -23,6 +22,7 @@ namespace {
 
 using ::strata::testing::CudaVsCpu;
 using ::strata::testing::Mirror;
+using ::strata::testing::Mirrors;
 using ::strata::testing::OpKind;
 using ::strata::testing::RandomFloats;
 using ::strata::testing::RelErr;
@@ -169,7 +169,7 @@ TEST_P(CudaAttentionTest, FlashMatchesSimpleAndIsDeterministic) {
   const DType dt = c.dt;
   const size_t es = DTypeSize(dt);
   // Here the "reference" side of the mirrors is the simple CUDA path.
-  ::strata::testing::Mirrors mir(flash.get(), simple_.get());
+  Mirrors mir(flash.get(), simple_.get());
   auto qkv = mir.MakeFloats(RandomFloats(c.B * c.T * 3 * C_, seed_, -2.f, 2.f), dt);
   auto dout = mir.MakeFloats(RandomFloats(c.B * c.T * C_, seed_ + 1), dt);
   Mirror out = mir.Make(c.B * c.T * C_ * es);
@@ -301,6 +301,25 @@ TEST_P(CudaAttentionTest, TmaForwardHasTheWgmmaForwardsBits) {
   }
 }
 
+// dqkv's bytes after `variant`'s backward on `flash`, run from a workspace
+// and a dqkv filled with 0xFF (NaN): a dS tile read before it is written,
+// or an element never stored, shows in the bits.
+std::vector<uint8_t> PoisonedBackwardBytes(Mirrors& mir, Backend* flash, const char* variant,
+                                           const AttentionShape& s, Mirror& dqkv, const Mirror& dout,
+                                           const Mirror& qkv, const Mirror& out, const Mirror& lse) {
+  EXPECT_OK(SetFlashVariant(flash, variant));
+  const size_t ws_bytes = std::max<size_t>(16, flash->AttentionWorkspaceBytes(s));
+  auto ws = flash->Allocate(ws_bytes);
+  EXPECT_OK(ws.status());
+  if (!ws.ok()) return {};
+  EXPECT_OK(flash->Memset(ws->data(), 0xFF, ws_bytes));
+  mir.PoisonGpu(dqkv);
+  EXPECT_OK(flash->AttentionBackward(s, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(),
+                                     lse.gpu.as<float>(), ws->data()));
+  EXPECT_OK(flash->Synchronize());
+  return mir.GpuBytes(dqkv);
+}
+
 // The TMA-fed backward (v6) runs v4's products in v4's order: the same dqkv
 // bits, so a pipeline slip (a Q/dO stage refilled early, a dS staging buffer
 // overwritten before its bulk store read it, a dS tile image the dQ pass
@@ -326,20 +345,8 @@ TEST_P(CudaAttentionTest, TmaBackwardHasTheWgmmaBackwardsBits) {
   CudaBackendOptions o;
   o.attention = AttentionImpl::kFlash;
   ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
-  auto backward = [&](const char* name, std::vector<uint8_t>* bytes) {
-    ASSERT_OK(SetFlashVariant(flash.get(), name));
-    const size_t ws_bytes = std::max<size_t>(16, flash->AttentionWorkspaceBytes(shape_));
-    ASSERT_OK_AND_ASSIGN(DeviceBuffer ws, flash->Allocate(ws_bytes));
-    ASSERT_OK(flash->Memset(ws.data(), 0xFF, ws_bytes));  // dS read before it is written: NaN
-    mir.PoisonGpu(dqkv);
-    ASSERT_OK(flash->AttentionBackward(shape_, dqkv.gpu.data(), dout.gpu.data(), qkv.gpu.data(), out.gpu.data(),
-                                       lse.gpu.as<float>(), ws.data()));
-    ASSERT_OK(flash->Synchronize());
-    *bytes = mir.GpuBytes(dqkv);
-  };
-  std::vector<uint8_t> d4, d6;
-  backward("v4", &d4);
-  backward("v6", &d6);
+  const std::vector<uint8_t> d4 = PoisonedBackwardBytes(mir, flash.get(), "v4", shape_, dqkv, dout, qkv, out, lse);
+  const std::vector<uint8_t> d6 = PoisonedBackwardBytes(mir, flash.get(), "v6", shape_, dqkv, dout, qkv, out, lse);
   EXPECT_TRUE(d6 == d4) << "v6: dqkv differs from v4's";
 }
 
@@ -422,39 +429,19 @@ TEST_F(CudaAttentionErrorTest, TmaBackwardHasTheWgmmaBackwardsBitsAtTheGptShape)
   if (!::strata::testing::FlashVariantRunsHere(*v6)) GTEST_SKIP() << "the wgmma kernels need an sm_90a build on a 9.0 GPU";
   const AttentionShape s{8, 2048, 16, 128, DType::kBF16};
   const int64_t C = s.heads * s.head_dim, rows = s.batch * s.seq;
+  auto& mir = *mirrors_;
+  auto qkv = mir.MakeFloats(RandomFloats(rows * 3 * C, 11, -2.f, 2.f), s.dtype);
+  auto dout = mir.MakeFloats(RandomFloats(rows * C, 12), s.dtype);
+  Mirror out = mir.Make(rows * C * 2);
+  Mirror lse = mir.Make(s.batch * s.heads * s.seq * 4);
+  Mirror dqkv = mir.Make(rows * 3 * C * 2);
   CudaBackendOptions o;
   o.attention = AttentionImpl::kFlash;
   ASSERT_OK_AND_ASSIGN(auto flash, MakeCudaBackend(o));
-  auto upload = [&](int64_t n, uint64_t seed) {
-    std::vector<uint16_t> h(static_cast<size_t>(n));
-    std::vector<float> f = RandomFloats(n, seed, -2.f, 2.f);
-    for (int64_t i = 0; i < n; ++i) h[i] = FloatToBF16(f[i]);
-    auto buf = flash->Allocate(h.size() * 2);
-    EXPECT_OK(buf.status());
-    EXPECT_OK(flash->CopyToDevice(buf->data(), h.data(), h.size() * 2));
-    return std::move(buf).value();
-  };
-  DeviceBuffer qkv = upload(rows * 3 * C, 11), dout = upload(rows * C, 12);
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer out, flash->Allocate(rows * C * 2));
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer lse, flash->Allocate(s.batch * s.heads * s.seq * 4));
-  ASSERT_OK_AND_ASSIGN(DeviceBuffer dqkv, flash->Allocate(rows * 3 * C * 2));
   ASSERT_OK(SetFlashVariant(flash.get(), "v6"));
-  ASSERT_OK(flash->AttentionForward(s, out.data(), lse.as<float>(), qkv.data(), nullptr));
-  auto backward = [&](const char* name, std::vector<uint8_t>* bytes) -> Status {
-    RETURN_IF_ERROR(SetFlashVariant(flash.get(), name));
-    const size_t ws_bytes = flash->AttentionWorkspaceBytes(s);
-    ASSIGN_OR_RETURN(DeviceBuffer ws, flash->Allocate(ws_bytes));
-    RETURN_IF_ERROR(flash->Memset(ws.data(), 0xFF, ws_bytes));
-    RETURN_IF_ERROR(flash->Memset(dqkv.data(), 0xFF, dqkv.bytes()));
-    RETURN_IF_ERROR(flash->AttentionBackward(s, dqkv.data(), dout.data(), qkv.data(), out.data(), lse.as<float>(),
-                                             ws.data()));
-    RETURN_IF_ERROR(flash->Synchronize());
-    bytes->resize(dqkv.bytes());
-    return flash->CopyToHost(bytes->data(), dqkv.data(), dqkv.bytes());
-  };
-  std::vector<uint8_t> d4, d6;
-  ASSERT_OK(backward("v4", &d4));
-  ASSERT_OK(backward("v6", &d6));
+  ASSERT_OK(flash->AttentionForward(s, out.gpu.data(), lse.gpu.as<float>(), qkv.gpu.data(), nullptr));
+  const std::vector<uint8_t> d4 = PoisonedBackwardBytes(mir, flash.get(), "v4", s, dqkv, dout, qkv, out, lse);
+  const std::vector<uint8_t> d6 = PoisonedBackwardBytes(mir, flash.get(), "v6", s, dqkv, dout, qkv, out, lse);
   EXPECT_TRUE(d6 == d4) << "v6: dqkv differs from v4's";
 }
 
