@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 
@@ -124,18 +125,25 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 }
 
 // The (batch * head, tile) a flash-attention block works on, from a grid of
-// n_tiles * (B * H) blocks in one dimension, head-major: the n_tiles blocks
-// of one head are launched next to each other, so the blocks resident at
-// once share their head's K/V (Q and dO in the backward) through L2 instead
-// of each streaming a different head from memory (with the heads of one
-// tile launched together, the wgmma backward ran at 0.84 of this order's
-// rate on an H100). Tile 0 is launched first.
+// n_tiles * (B * H) blocks in one dimension, in groups of `group` heads: the
+// group's blocks are launched next to each other (tile 0 of each of its heads,
+// then tile 1, ...), so the blocks resident at once share a few heads' K/V
+// (Q and dO in the backward) through L2 instead of each streaming a different
+// head from memory (with all heads of one tile launched together, the wgmma
+// backward ran at 0.84 of head-major's rate on an H100). Tile 0 is the
+// heaviest tile of a causal head, so within a group the long blocks start
+// first and the short ones fill the end; head-major order (group 1) left the
+// last heads' long blocks running alone at the end of the grid.
 struct HeadTile {
   int bh, tile;
 };
-__device__ __forceinline__ HeadTile FlashBlockTile(int n_tiles) {
+__device__ __forceinline__ HeadTile FlashBlockTile(int n_tiles, int group) {
   const int lin = static_cast<int>(blockIdx.x);
-  return {lin / n_tiles, lin % n_tiles};
+  const int heads = static_cast<int>(gridDim.x) / n_tiles;
+  const int first = lin / (group * n_tiles) * group;  // the group's first head
+  const int in_group = min(group, heads - first);
+  const int r = lin - first * n_tiles;
+  return {first + r % in_group, r / in_group};
 }
 
 // ---- host-side helpers ----------------------------------------------------
@@ -151,6 +159,20 @@ inline unsigned ElementwiseGrid(int64_t n) {
   if (blocks < 1) blocks = 1;
   if (blocks > 65536) blocks = 65536;
   return static_cast<unsigned>(blocks);
+}
+
+// Heads per launch group of the sm_90a flash kernels (FlashBlockTile).
+// STRATA_FLASH_HEAD_GROUP (a positive integer) overrides it, for measuring.
+constexpr int kFlashHeadGroup = 8;
+inline int FlashHeadGroup() {
+  static const int group = [] {
+    const char* env = std::getenv("STRATA_FLASH_HEAD_GROUP");
+    if (env == nullptr || *env == '\0') return kFlashHeadGroup;
+    char* end = nullptr;
+    const long v = std::strtol(env, &end, 10);
+    return *end == '\0' && v >= 1 && v <= 4096 ? static_cast<int>(v) : kFlashHeadGroup;
+  }();
+  return group;
 }
 
 // Lets `kernel` launch with `bytes` of dynamic shared memory (past the 48 KiB

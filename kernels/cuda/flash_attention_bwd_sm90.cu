@@ -68,7 +68,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                                const float* __restrict__ lse,
                                                const float* __restrict__ delta, int seq, int H, int D,
                                                int C, float scale_log2, float scale, int KV,
-                                               int64_t dkv_stride, int64_t dv_off) {
+                                               int64_t dkv_stride, int64_t dv_off, int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warp >> 2;  // warpgroup: keys 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
   const int n_tiles = (seq + kKeys - 1) / kKeys;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int k0 = ht.tile * kKeys;
   const int key_wg = k0 + wg * 64;  // this warpgroup's first key
@@ -217,7 +217,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_wgmma_kernel(T* __restrict__ dqkv, const T* __restrict__ ds_ws,
                                              const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                             float scale, int KV) {
+                                             float scale, int KV, int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kDsTile = SwizzledTileBytes<kKeys>(kDqRows), kKTile = SwizzledTileBytes<kD>(kKeys);
   constexpr int kStage = kDsTile + kKTile;
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const int n_tiles = (seq + kDqRows - 1) / kDqRows;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;
@@ -297,14 +297,14 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     auto kernel = flash_attention_backward_dkdv_wgmma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dkv),
         static_cast<T*>(p.ds), static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq,
-        H, D, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off));
+        H, D, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off, FlashHeadGroup()));
   }
   {
     static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_wgmma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dqkv),
-        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV));
+        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV, FlashHeadGroup()));
   }
   return Status::OK();
 }

@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(kThreads, 1)
                                              unsigned char* __restrict__ ds_ws, const float* __restrict__ lse,
                                              const float* __restrict__ delta, int seq, int H, int C,
                                              float scale_log2, float scale, int KV, int64_t dkv_stride,
-                                             int64_t dv_off) {
+                                             int64_t dv_off, int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kKVTile = SwizzledTileBytes<kD>(kKeys), kQTile = SwizzledTileBytes<kD>(kQueries);
   constexpr int kNq = kQueries / 8;  // accumulator column tiles of S^T, dP^T
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int lane = threadIdx.x & 31;
   const int n_tiles = (seq + kKeys - 1) / kKeys;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int k0 = ht.tile * kKeys;
   const int n_qt = (seq + kQueries - 1) / kQueries;
@@ -267,7 +267,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dq_tma_kernel(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ dqkv,
                                            const unsigned char* __restrict__ ds_ws, int seq, int H, int C,
-                                           float scale, int KV) {
+                                           float scale, int KV, int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kStage = DqStageBytes<kD>();
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   DqBarriers* bars = reinterpret_cast<DqBarriers*>(base + kDqStages * kStage);
 
   const int n_tiles = (seq + kDqRows - 1) / kDqRows;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;
@@ -365,14 +365,14 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     auto kernel = flash_attention_backward_dkdv_tma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, dout_map,
         static_cast<T*>(p.dkv), static_cast<unsigned char*>(p.ds), p.lse, p.delta, seq, H, C, scale * kLog2e,
-        scale, KV, p.dkv_stride, p.dv_off));
+        scale, KV, p.dkv_stride, p.dv_off, FlashHeadGroup()));
   }
   {
     static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_tma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, static_cast<T*>(p.dqkv),
-        static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV));
+        static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV, FlashHeadGroup()));
   }
   return Status::OK();
 }

@@ -61,7 +61,8 @@ constexpr size_t SmemBytes() {
 template <typename T, int kD, bool kPingpong>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_forward_tma_kernel(const __grid_constant__ CUtensorMap qkv_map, T* __restrict__ out,
-                                       float* __restrict__ lse, int seq, int H, int C, float scale_log2, int KV) {
+                                       float* __restrict__ lse, int seq, int H, int C, float scale_log2, int KV,
+                                       int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -72,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Barriers* bars = reinterpret_cast<Barriers*>(sV + kStages * kKVTile);
 
   const int n_tiles = (seq + kBr - 1) / kBr;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   // Causal: keys 0 .. min(seq, q0 + kBr) - 1; as in v3, every tile has a key
@@ -241,7 +242,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   auto kernel = flash_attention_forward_tma_kernel<T, kD, kPingpong>;
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, map, static_cast<T*>(out), lse, seq, H,
-      C, scale * kLog2e, KV));
+      C, scale * kLog2e, KV, FlashHeadGroup()));
   return Status::OK();
 }
 

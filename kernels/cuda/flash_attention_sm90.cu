@@ -46,7 +46,7 @@ template <typename T, int kD>
 __global__ void __launch_bounds__(kWgThreads, 1)
     flash_attention_forward_wgmma_kernel(T* __restrict__ out, float* __restrict__ lse,
                                          const T* __restrict__ qkv, int seq, int H, int D, int C,
-                                         float scale_log2, int KV) {
+                                         float scale_log2, int KV, int head_group) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   constexpr int kQTile = SwizzledTileBytes<kD>(kBr), kKVTile = SwizzledTileBytes<kD>(kBc);
   extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
   const int n_tiles = (seq + kBr - 1) / kBr;
-  const HeadTile ht = FlashBlockTile(n_tiles);
+  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   const int row0 = warp * 16;  // this warp's first row in the block
@@ -173,7 +173,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kWgThreads, smem, stream, static_cast<T*>(out), lse,
-      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv())));
+      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv()), FlashHeadGroup()));
   return Status::OK();
 }
 
