@@ -162,15 +162,19 @@ inline unsigned ElementwiseGrid(int64_t n) {
 }
 
 // Heads per launch group of the sm_90a flash kernels (FlashBlockTile).
-// STRATA_FLASH_HEAD_GROUP (a positive integer) overrides it, for measuring.
+// STRATA_FLASH_HEAD_GROUP (a positive integer) overrides it, for measuring;
+// any other value is an error of every launch that reads it.
 constexpr int kFlashHeadGroup = 8;
-inline int FlashHeadGroup() {
-  static const int group = [] {
+inline Result<int> FlashHeadGroup() {
+  static const Result<int> group = []() -> Result<int> {
     const char* env = std::getenv("STRATA_FLASH_HEAD_GROUP");
     if (env == nullptr || *env == '\0') return kFlashHeadGroup;
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
-    return *end == '\0' && v >= 1 && v <= 4096 ? static_cast<int>(v) : kFlashHeadGroup;
+    if (*end != '\0' || v < 1 || v > 4096)
+      return InvalidArgument(std::string("STRATA_FLASH_HEAD_GROUP: '") + env +
+                             "' is not a head count (an integer from 1 to 4096)");
+    return static_cast<int>(v);
   }();
   return group;
 }

@@ -289,6 +289,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename T, int kD>
 Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
+  ASSIGN_OR_RETURN(const int head_group, FlashHeadGroup());
   const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
   const int seq = static_cast<int>(s.seq), C = H * D, KV = static_cast<int>(s.kv());
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kKeys);
@@ -297,14 +298,14 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     auto kernel = flash_attention_backward_dkdv_wgmma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dkv),
         static_cast<T*>(p.ds), static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq,
-        H, D, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off, FlashHeadGroup()));
+        H, D, C, scale * kLog2e, scale, KV, p.dkv_stride, p.dv_off, head_group));
   }
   {
     static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_wgmma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dqkv),
-        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV, FlashHeadGroup()));
+        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, KV, head_group));
   }
   return Status::OK();
 }

@@ -352,6 +352,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 template <typename T, int kD>
 Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
+  ASSIGN_OR_RETURN(const int head_group, FlashHeadGroup());
   const int H = static_cast<int>(s.heads), KV = static_cast<int>(s.kv());
   const int seq = static_cast<int>(s.seq), C = H * kD;
   const uint64_t row_stride = static_cast<uint64_t>(C) + 2ULL * KV * kD;
@@ -365,14 +366,14 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, const F
     auto kernel = flash_attention_backward_dkdv_tma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, dout_map,
         static_cast<T*>(p.dkv), static_cast<unsigned char*>(p.ds), p.lse, p.delta, seq, H, C, scale * kLog2e,
-        scale, KV, p.dkv_stride, p.dv_off, FlashHeadGroup()));
+        scale, KV, p.dkv_stride, p.dv_off, head_group));
   }
   {
     static_assert(kDqRows == kKeys, "the dQ blocks and the dK/dV blocks tile the sequence alike");
     constexpr size_t smem = DqSmemBytes<kD>();
     auto kernel = flash_attention_backward_dq_tma_kernel<T, kD>;
     RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, qkv_map, static_cast<T*>(p.dqkv),
-        static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV, FlashHeadGroup()));
+        static_cast<const unsigned char*>(p.ds), seq, H, C, scale, KV, head_group));
   }
   return Status::OK();
 }

@@ -233,6 +233,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 template <typename T, int kD, bool kPingpong>
 Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* out, float* lse,
               const void* qkv) {
+  ASSIGN_OR_RETURN(const int head_group, FlashHeadGroup());
   const int H = static_cast<int>(s.heads), KV = static_cast<int>(s.kv());
   const int seq = static_cast<int>(s.seq), C = H * kD;
   const uint64_t row_stride = static_cast<uint64_t>(C) + 2ULL * KV * kD;
@@ -242,7 +243,7 @@ Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* o
   auto kernel = flash_attention_forward_tma_kernel<T, kD, kPingpong>;
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, map, static_cast<T*>(out), lse, seq, H,
-      C, scale * kLog2e, KV, FlashHeadGroup()));
+      C, scale * kLog2e, KV, head_group));
   return Status::OK();
 }
 

@@ -167,13 +167,14 @@ __global__ void __launch_bounds__(kWgThreads, 1)
 template <typename T, int kD>
 Status Launch(cudaStream_t stream, const AttentionShape& s, float scale, void* out, float* lse,
               const void* qkv) {
+  ASSIGN_OR_RETURN(const int head_group, FlashHeadGroup());
   const int H = static_cast<int>(s.heads), D = static_cast<int>(s.head_dim);
   const int seq = static_cast<int>(s.seq), C = H * D;
   constexpr size_t smem = SmemBytes<kD>();
   auto kernel = flash_attention_forward_wgmma_kernel<T, kD>;
   const unsigned grid = static_cast<unsigned>(s.batch * s.heads) * CeilDiv(seq, kBr);
   RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kWgThreads, smem, stream, static_cast<T*>(out), lse,
-      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv()), FlashHeadGroup()));
+      static_cast<const T*>(qkv), seq, H, D, C, scale * kLog2e, static_cast<int>(s.kv()), head_group));
   return Status::OK();
 }
 
