@@ -19,6 +19,7 @@
 #include "base/cuda_check.h"
 #include "base/dtype.h"
 #include "base/status.h"
+#include "kernels/flash_block_order.h"
 
 namespace strata::kernels::cuda {
 
@@ -124,26 +125,11 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
   return WarpMax(v);
 }
 
-// The (batch * head, tile) a flash-attention block works on, from a grid of
-// n_tiles * (B * H) blocks in one dimension, in groups of `group` heads: the
-// group's blocks are launched next to each other (tile 0 of each of its heads,
-// then tile 1, ...), so the blocks resident at once share a few heads' K/V
-// (Q and dO in the backward) through L2 instead of each streaming a different
-// head from memory (with all heads of one tile launched together, the wgmma
-// backward ran at 0.84 of head-major's rate on an H100). Tile 0 is the
-// heaviest tile of a causal head, so within a group the long blocks start
-// first and the short ones fill the end; head-major order (group 1) left the
-// last heads' long blocks running alone at the end of the grid.
-struct HeadTile {
-  int bh, tile;
-};
+// The (batch * head, tile) this flash-attention block works on, from a grid
+// of n_tiles * (B * H) blocks in one dimension (kernels/flash_block_order.h).
+using HeadTile = FlashHeadTile;
 __device__ __forceinline__ HeadTile FlashBlockTile(int n_tiles, int group) {
-  const int lin = static_cast<int>(blockIdx.x);
-  const int heads = static_cast<int>(gridDim.x) / n_tiles;
-  const int first = lin / (group * n_tiles) * group;  // the group's first head
-  const int in_group = min(group, heads - first);
-  const int r = lin - first * n_tiles;
-  return {first + r % in_group, r / in_group};
+  return FlashBlockOrder(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), n_tiles, group);
 }
 
 // ---- host-side helpers ----------------------------------------------------
