@@ -127,8 +127,7 @@ __device__ __forceinline__ float BlockMax(float v, float* scratch) {
 
 // The (batch * head, tile) this flash-attention block works on, from a grid
 // of n_tiles * (B * H) blocks in one dimension (kernels/flash_block_order.h).
-using HeadTile = FlashHeadTile;
-__device__ __forceinline__ HeadTile FlashBlockTile(int n_tiles, int group) {
+__device__ __forceinline__ FlashHeadTile FlashBlockTile(int n_tiles, int group) {
   return FlashBlockOrder(static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), n_tiles, group);
 }
 

@@ -59,8 +59,8 @@ constexpr size_t DqSmemBytes() {
   return 1024 + 2 * static_cast<size_t>(SwizzledTileBytes<kKeys>(kDqRows) + SwizzledTileBytes<kD>(kKeys));
 }
 
-// grid ceil(T / 128) * B * H (FlashBlockTile), the first key block of a head
-// (most queries) first.
+// grid ceil(T / 128) * B * H (FlashBlockTile): within each group of heads the
+// first key block of every head (most queries) first.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_wgmma_kernel(T* __restrict__ dkv, T* __restrict__ ds_ws,
@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int wg = warp >> 2;  // warpgroup: keys 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
   const int n_tiles = (seq + kKeys - 1) / kKeys;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int k0 = ht.tile * kKeys;
   const int key_wg = k0 + wg * 64;  // this warpgroup's first key
@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int warp = threadIdx.x >> 5, wg = warp >> 2;
   const int n_tiles = (seq + kDqRows - 1) / kDqRows;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;

@@ -96,8 +96,8 @@ __device__ __forceinline__ void TmaLoadRows128(unsigned char* dst, const CUtenso
       TmaLoad3d(dst + cb * (128 * 128) + rb * (kBox * 128), map, bar, col + cb * 64, row + rb * kBox, b);
 }
 
-// grid ceil(T / 128) * B * H (FlashBlockTile), the first key block of a head
-// (most queries) first. Needs D == kD.
+// grid ceil(T / 128) * B * H (FlashBlockTile): within each group of heads the
+// first key block of every head (most queries) first. Needs D == kD.
 template <typename T, int kD>
 __global__ void __launch_bounds__(kThreads, 1)
     flash_attention_backward_dkdv_tma_kernel(const __grid_constant__ CUtensorMap qkv_map,
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   const int lane = threadIdx.x & 31;
   const int n_tiles = (seq + kKeys - 1) / kKeys;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int k0 = ht.tile * kKeys;
   const int n_qt = (seq + kQueries - 1) / kQueries;
@@ -277,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   DqBarriers* bars = reinterpret_cast<DqBarriers*>(base + kDqStages * kStage);
 
   const int n_tiles = (seq + kDqRows - 1) / kDqRows;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int mb = n_tiles - 1 - ht.tile;  // query block: panels 2 mb (warpgroup 0) and 2 mb + 1
   const int q0 = mb * kDqRows;

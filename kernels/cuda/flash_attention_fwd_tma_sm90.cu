@@ -73,7 +73,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   Barriers* bars = reinterpret_cast<Barriers*>(sV + kStages * kKVTile);
 
   const int n_tiles = (seq + kBr - 1) / kBr;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   // Causal: keys 0 .. min(seq, q0 + kBr) - 1; as in v3, every tile has a key

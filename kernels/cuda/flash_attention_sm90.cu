@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kWgThreads, 1)
   const int wg = warp >> 2;  // warpgroup: rows 64 wg .. 64 wg + 63 of the block
   const int g = lane >> 2, t4 = lane & 3;
   const int n_tiles = (seq + kBr - 1) / kBr;
-  const HeadTile ht = FlashBlockTile(n_tiles, head_group);
+  const FlashHeadTile ht = FlashBlockTile(n_tiles, head_group);
   const int bh = ht.bh, b = bh / H, h = bh % H;
   const int q0 = (n_tiles - 1 - ht.tile) * kBr;
   const int row0 = warp * 16;  // this warp's first row in the block
