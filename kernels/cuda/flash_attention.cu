@@ -800,74 +800,72 @@ Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, 
 }
 
 template <typename T, int kD>
-Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
-                      const void* dout, const void* qkv, const void* out, const float* lse,
-                      float* delta, void* dkv_ws) {
+Status LaunchBackward(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
-  const int64_t rows = static_cast<int64_t>(B) * seq * H;
-  flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
-      delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
-  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
-
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDkDvKeys));
     constexpr size_t smem = DkDvSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_kernel<T, kD>;
-    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
-    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, t.dkv, static_cast<const T*>(qkv),
-        static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e, scale, static_cast<int>(s.kv()),
-        t.stride, t.dv_off));
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dkv),
+        static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq, H, D, C, scale * kLog2e,
+        scale, static_cast<int>(s.kv()), p.dkv_stride, p.dv_off));
   }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, RowBlock<kD>::kBr));
     constexpr size_t smem = DqSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dq_kernel<T, kD>;
-    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(dqkv),
-        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e,
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dqkv),
+        static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq, H, D, C, scale * kLog2e,
         scale, static_cast<int>(s.kv())));
   }
-  return SumGroups<T>(stream, s, dqkv, dkv_ws);
+  return Status::OK();
 }
 
 template <typename T, int kD>
-Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, void* dqkv,
-                        const void* dout, const void* qkv, const void* out, const float* lse,
-                        void* workspace, void* dkv_ws, FlashBwdKernel kernel) {
+Status LaunchBackwardDs(cudaStream_t stream, const AttentionShape& s, float scale, const FlashDsPasses& p) {
   const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
   const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
-  const int64_t rows = static_cast<int64_t>(B) * seq * H;
-  float* delta = static_cast<float*>(workspace);
-  T* ds = reinterpret_cast<T*>(static_cast<char*>(workspace) + DsOffsetBytes(s));
-  flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
-      delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
-  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
-  if (kernel == FlashBwdKernel::kWgmma || kernel == FlashBwdKernel::kTma) {
-    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
-    FlashDsPasses p;
-    p.dqkv = dqkv, p.dkv = t.dkv, p.dkv_stride = t.stride, p.dv_off = t.dv_off, p.ds = ds;
-    p.dout = dout, p.qkv = qkv, p.lse = lse, p.delta = delta;
-    RETURN_IF_ERROR(kernel == FlashBwdKernel::kTma ? FlashAttentionBackwardTmaPasses(stream, s, scale, p)
-                                                   : FlashAttentionBackwardWgmmaPasses(stream, s, scale, p));
-    return SumGroups<T>(stream, s, dqkv, dkv_ws);
-  }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsKeys));
     constexpr size_t smem = DkDvDsSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dkdv_ds_kernel<T, kD>;
-    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
-    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kDsThreads, smem, stream, t.dkv, ds,
-        static_cast<const T*>(qkv), static_cast<const T*>(dout), lse, delta, seq, H, D, C, scale * kLog2e,
-        scale, static_cast<int>(s.kv()), t.stride, t.dv_off));
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kDsThreads, smem, stream, static_cast<T*>(p.dkv),
+        static_cast<T*>(p.ds), static_cast<const T*>(p.qkv), static_cast<const T*>(p.dout), p.lse, p.delta, seq, H,
+        D, C, scale * kLog2e, scale, static_cast<int>(s.kv()), p.dkv_stride, p.dv_off));
   }
   {
     dim3 grid(static_cast<unsigned>(B * H), CeilDiv(seq, kDsQueries));
     constexpr size_t smem = DqDsSmemBytes<T, kD>();
     auto kernel = flash_attention_backward_dq_ds_kernel<T, kD>;
-    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(dqkv), ds,
-        static_cast<const T*>(qkv), seq, H, D, C, scale, static_cast<int>(s.kv())));
+    RETURN_IF_ERROR(LaunchWithSmem(kernel, grid, kThreads, smem, stream, static_cast<T*>(p.dqkv),
+        static_cast<const T*>(p.ds), static_cast<const T*>(p.qkv), seq, H, D, C, scale, static_cast<int>(s.kv())));
   }
-  return SumGroups<T>(stream, s, dqkv, dkv_ws);
+  return Status::OK();
+}
+
+// delta = rowsum(dO * O), the first (B, H, T) floats of the workspace, which
+// every backward scheme's passes read.
+template <typename T>
+Status LaunchDelta(cudaStream_t stream, const AttentionShape& s, float* delta, const void* dout, const void* out) {
+  const int B = static_cast<int>(s.batch), H = static_cast<int>(s.heads);
+  const int D = static_cast<int>(s.head_dim), seq = static_cast<int>(s.seq), C = H * D;
+  const int64_t rows = static_cast<int64_t>(B) * seq * H;
+  flash_attention_delta_kernel<T><<<CeilDiv(rows, 8), 256, 0, stream>>>(
+      delta, static_cast<const T*>(dout), static_cast<const T*>(out), B, seq, H, D, C);
+  CUDA_RETURN_IF_LAUNCH_ERROR("flash_attention_delta_kernel");
+  return Status::OK();
+}
+
+// The passes of the variant's backward scheme (kDsBuffer: also any other).
+Status BackwardPasses(cudaStream_t stream, const AttentionShape& s, float scale, FlashBwdKernel bwd,
+                      const FlashDsPasses& p) {
+  switch (bwd) {
+    case FlashBwdKernel::kTwoPass: return FlashAttentionBackwardTwoPass(stream, s, scale, p);
+    case FlashBwdKernel::kWgmma: return FlashAttentionBackwardWgmmaPasses(stream, s, scale, p);
+    case FlashBwdKernel::kTma: return FlashAttentionBackwardTmaPasses(stream, s, scale, p);
+    default: return FlashAttentionBackwardDsBufferPasses(stream, s, scale, p);
+  }
 }
 
 }  // namespace
@@ -921,14 +919,33 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
                               void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, void* workspace, const FlashVariant& variant) {
   if (s.batch == 0 || s.seq == 0 || s.heads == 0) return Status::OK();
-  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+  // The passes pick the tile head dim themselves.
+  return DispatchFlash(s, [&](auto tag, auto) -> Status {
     using T = decltype(tag);
-    constexpr int kD = decltype(dim)::value;
+    float* delta = static_cast<float*>(workspace);
     void* dkv_ws = static_cast<char*>(workspace) + VariantBytes(s, variant);
-    if (variant.bwd != FlashBwdKernel::kTwoPass)
-      return LaunchBackwardDs<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse, workspace, dkv_ws, variant.bwd);
-    return LaunchBackward<T, kD>(stream, s, scale, dqkv, dout, qkv, out, lse,
-                                 static_cast<float*>(workspace), dkv_ws);
+    RETURN_IF_ERROR(LaunchDelta<T>(stream, s, delta, dout, out));
+    const auto t = DkDvTargetOf<T>(s, dqkv, dkv_ws);
+    FlashDsPasses p;
+    p.dqkv = dqkv, p.dkv = t.dkv, p.dkv_stride = t.stride, p.dv_off = t.dv_off;
+    if (variant.bwd != FlashBwdKernel::kTwoPass) p.ds = static_cast<char*>(workspace) + DsOffsetBytes(s);
+    p.dout = dout, p.qkv = qkv, p.lse = lse, p.delta = delta;
+    RETURN_IF_ERROR(BackwardPasses(stream, s, scale, variant.bwd, p));
+    return SumGroups<T>(stream, s, dqkv, dkv_ws);
+  });
+}
+
+Status FlashAttentionBackwardTwoPass(cudaStream_t stream, const AttentionShape& s, float scale,
+                                     const FlashDsPasses& passes) {
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return LaunchBackward<decltype(tag), decltype(dim)::value>(stream, s, scale, passes);
+  });
+}
+
+Status FlashAttentionBackwardDsBufferPasses(cudaStream_t stream, const AttentionShape& s, float scale,
+                                            const FlashDsPasses& passes) {
+  return DispatchFlash(s, [&](auto tag, auto dim) -> Status {
+    return LaunchBackwardDs<decltype(tag), decltype(dim)::value>(stream, s, scale, passes);
   });
 }
 

@@ -109,6 +109,32 @@ Status FlashAttentionBackward(cudaStream_t stream, const AttentionShape& s, floa
                               void* dqkv, const void* dout, const void* qkv, const void* out,
                               const float* lse, void* workspace, const FlashVariant& variant);
 
+// The passes of a flash backward scheme, which FlashAttentionBackward runs
+// once delta = rowsum(dO * O) is in place: dK/dV (into dkv, row stride
+// dkv_stride, dV dv_off elements after dK), then dQ into dqkv's q columns.
+// The dS-buffer schemes write the dS panels of `ds` (flash_ds_panels.cuh) in
+// the first pass and read them in the second.
+struct FlashDsPasses {
+  void* dqkv = nullptr;
+  void* dkv = nullptr;
+  int64_t dkv_stride = 0, dv_off = 0;
+  void* ds = nullptr;
+  const void* dout = nullptr;
+  const void* qkv = nullptr;
+  const float* lse = nullptr;
+  const float* delta = nullptr;
+};
+
+// The two-pass backward on mma.sync (FlashBwdKernel::kTwoPass): both passes
+// recompute P; `ds` is not used.
+Status FlashAttentionBackwardTwoPass(cudaStream_t stream, const AttentionShape& s, float scale,
+                                     const FlashDsPasses& passes);
+
+// The two passes of the dS-buffer backward on mma.sync
+// (FlashBwdKernel::kDsBuffer).
+Status FlashAttentionBackwardDsBufferPasses(cudaStream_t stream, const AttentionShape& s, float scale,
+                                            const FlashDsPasses& passes);
+
 // flash_attention_sm90.cu — the wgmma forward (FlashFwdKernel::kWgmma). It,
 // and the wgmma backward below, run only where FlashWgmmaRuns: the binary
 // has sm_90a code (CMake builds the 90 architecture as 90a) and the GPU is
@@ -131,20 +157,7 @@ Status FlashAttentionForwardTma(cudaStream_t stream, const AttentionShape& s, fl
                                 float* lse, const void* qkv, bool pingpong);
 
 // flash_attention_bwd_sm90.cu — the two passes of the dS-buffer backward on
-// wgmma (FlashBwdKernel::kWgmma), where FlashWgmmaRuns: dK/dV (into dkv, row
-// stride dkv_stride, dV dv_off elements after dK) writing the dS panels of
-// `ds` (flash_ds_panels.cuh), then dQ into dqkv's q columns from them.
-// delta = rowsum(dO * O) must be in place.
-struct FlashDsPasses {
-  void* dqkv = nullptr;
-  void* dkv = nullptr;
-  int64_t dkv_stride = 0, dv_off = 0;
-  void* ds = nullptr;
-  const void* dout = nullptr;
-  const void* qkv = nullptr;
-  const float* lse = nullptr;
-  const float* delta = nullptr;
-};
+// wgmma (FlashBwdKernel::kWgmma), where FlashWgmmaRuns.
 Status FlashAttentionBackwardWgmmaPasses(cudaStream_t stream, const AttentionShape& s, float scale,
                                          const FlashDsPasses& passes);
 
