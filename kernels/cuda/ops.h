@@ -125,8 +125,8 @@ struct FlashDsPasses {
   const float* delta = nullptr;
 };
 
-// The two-pass backward on mma.sync (FlashBwdKernel::kTwoPass): both passes
-// recompute P; `ds` is not used.
+// flash_attention_bwd_two_pass.cu — the two-pass backward on mma.sync
+// (FlashBwdKernel::kTwoPass): both passes recompute P; `ds` is not used.
 Status FlashAttentionBackwardTwoPass(cudaStream_t stream, const AttentionShape& s, float scale,
                                      const FlashDsPasses& passes);
 
