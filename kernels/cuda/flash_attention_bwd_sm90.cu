@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The two passes of the dS-buffer flash attention backward on Hopper's
 // warpgroup MMA (wgmma, sm_90a): FlashBwdKernel::kWgmma (cuda_backend.h).
-// Same function, workspace and determinism rule as flash_attention.cu's
-// mma.sync passes (every sum in a fixed order, no atomics); delta =
-// rowsum(dO * O) comes from there first, and with grouped-query attention the
-// per-query-head dK/dV are summed there afterwards.
+// Same function, workspace and determinism rule as the mma.sync passes of
+// flash_attention_bwd_ds.cu (every sum in a fixed order, no atomics); delta =
+// rowsum(dO * O) comes from flash_attention.cu first, and with grouped-query
+// attention the per-query-head dK/dV are summed there afterwards.
 //
 // Pass 1, dK/dV: block = (b, h, 128 keys), 2 warpgroups of 64 keys each. K
 // and V of the block stay in 128-byte swizzled shared memory (wgmma.cuh); the

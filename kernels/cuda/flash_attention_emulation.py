@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""Lane-level emulation of kernels/cuda/flash_attention.cu, for checking its
-index arithmetic on a machine without a GPU.
+"""Lane-level emulation of the mma.sync flash attention kernels
+(kernels/cuda/flash_attention.cu, flash_attention_bwd_two_pass.cu,
+flash_attention_bwd_ds.cu), for checking their index arithmetic on a machine
+without a GPU.
 
 Each kernel is transliterated block by block, warp by warp, lane by lane
 (vectorized over the 32 lanes): shared-memory tiles as flat arrays with the

@@ -3,8 +3,8 @@
 // the `v3` variant's forward (cuda_backend.h). Same function and layout as
 // flash_attention.cu's forward (qkv (B, T, C + 2 KV D): q of H heads, k and
 // v of KV heads, query head h reading key/value head h / (H / KV); out
-// (B, T, C), lse (B, H, T) natural-log, f32); the backward of `v3` is flash_attention.cu's dS-buffer
-// backward, which reads this lse.
+// (B, T, C), lse (B, H, T) natural-log, f32); the backward of `v3` is the mma.sync dS-buffer
+// backward (flash_attention_bwd_ds.cu), which reads this lse.
 //
 // Block = (b, h, 128 queries), 2 warpgroups of 64 query rows each. K/V tiles
 // of 128 keys stream through a double-buffered cp.async pipeline into

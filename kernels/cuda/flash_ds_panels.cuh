@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The dS workspace of the dS-buffer flash attention backward (variants with
 // FlashBwdKernel::kDsBuffer or kWgmma): the layout both of its passes agree
-// on, shared by the mma.sync kernels (flash_attention.cu) and the wgmma ones
-// (flash_attention_bwd_sm90.cu).
+// on, shared by the mma.sync kernels (flash_attention_bwd_ds.cu) and the
+// wgmma ones (flash_attention_bwd_sm90.cu).
 //
 // The workspace holds delta (B, H, T) f32 first, rounded up to 256 bytes,
 // then per (b, h) the dS panels of the 64-query tiles m = 0, 1, ...; panel m

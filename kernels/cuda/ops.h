@@ -130,8 +130,8 @@ struct FlashDsPasses {
 Status FlashAttentionBackwardTwoPass(cudaStream_t stream, const AttentionShape& s, float scale,
                                      const FlashDsPasses& passes);
 
-// The two passes of the dS-buffer backward on mma.sync
-// (FlashBwdKernel::kDsBuffer).
+// flash_attention_bwd_ds.cu — the two passes of the dS-buffer backward on
+// mma.sync (FlashBwdKernel::kDsBuffer).
 Status FlashAttentionBackwardDsBufferPasses(cudaStream_t stream, const AttentionShape& s, float scale,
                                             const FlashDsPasses& passes);
 
