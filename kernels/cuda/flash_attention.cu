@@ -22,7 +22,6 @@
 // Backward: delta = rowsum(dO * O) first; then the scheme's passes (dK/dV,
 // then dQ; FlashDsPasses in ops.h); then, with grouped-query attention, the
 // sum of each group's per-query-head dK/dV.
-#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/flash_dispatch.cuh"
@@ -277,6 +276,8 @@ bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
          s.seq <= int64_t{65535} * kDkDvKeys && s.batch * s.heads <= (int64_t{1} << 30);
 }
 
+namespace {
+
 // Workspace: the variant's (delta; with kDsBuffer the dS panels too), then
 // with GQA the per-query-head dK/dV (GqaBytes).
 size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
@@ -285,6 +286,8 @@ size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
   const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
   return DsOffsetBytes(s) + (s.kv() == s.heads ? ds : (ds + 255) & ~size_t{255});
 }
+
+}  // namespace
 
 size_t FlashAttentionWorkspaceBytes(const AttentionShape& s, const FlashVariant& variant) {
   return VariantBytes(s, variant) + GqaBytes(s);
