@@ -229,6 +229,15 @@ size_t GqaBytes(const AttentionShape& s) {
          ~size_t{255};
 }
 
+// Workspace: the variant's (delta; with kDsBuffer the dS panels too), then
+// with GQA the per-query-head dK/dV (GqaBytes).
+size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
+  if (variant.bwd == FlashBwdKernel::kTwoPass)
+    return s.kv() == s.heads ? static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) : DsOffsetBytes(s);
+  const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
+  return DsOffsetBytes(s) + (s.kv() == s.heads ? ds : (ds + 255) & ~size_t{255});
+}
+
 template <typename T, int kD, int kBc, bool kFma>
 Status LaunchForward(cudaStream_t stream, const AttentionShape& s, float scale, void* out,
                      float* lse, const void* qkv) {
@@ -276,19 +285,6 @@ bool FlashAttentionSupports(const AttentionShape& s, int cc_major) {
          s.seq <= int64_t{65535} * kDkDvKeys && s.batch * s.heads <= (int64_t{1} << 30);
 }
 
-namespace {
-
-// Workspace: the variant's (delta; with kDsBuffer the dS panels too), then
-// with GQA the per-query-head dK/dV (GqaBytes).
-size_t VariantBytes(const AttentionShape& s, const FlashVariant& variant) {
-  if (variant.bwd == FlashBwdKernel::kTwoPass)
-    return s.kv() == s.heads ? static_cast<size_t>(s.batch * s.heads * s.seq) * sizeof(float) : DsOffsetBytes(s);
-  const size_t ds = static_cast<size_t>(s.batch * s.heads * DsHeadElems(s.seq)) * DTypeSize(s.dtype);
-  return DsOffsetBytes(s) + (s.kv() == s.heads ? ds : (ds + 255) & ~size_t{255});
-}
-
-}  // namespace
-
 size_t FlashAttentionWorkspaceBytes(const AttentionShape& s, const FlashVariant& variant) {
   return VariantBytes(s, variant) + GqaBytes(s);
 }
@@ -309,7 +305,6 @@ Status FlashAttentionForward(cudaStream_t stream, const AttentionShape& s, float
                                       variant.fwd == FlashFwdKernel::kTmaPingpong);
     }
     if (variant.fwd == FlashFwdKernel::kBc64 || hopper) {
-      // The FMA form keeps the max in raw score units: right only for a positive scale.
       if (scale > 0.f) return LaunchForward<T, kD, 64, true>(stream, s, scale, out, lse, qkv);
       return LaunchForward<T, kD, 64, false>(stream, s, scale, out, lse, qkv);
     }

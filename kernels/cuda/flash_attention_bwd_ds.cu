@@ -50,25 +50,6 @@ constexpr size_t DqDsSmemBytes() {  // 2 x (dS tile, K tile)
 
 // ---- helpers with explicit strides (the P and dS tiles) --------------------
 
-// Stores a warp's kM x (16 x kN) fp32 tiles acc[kM][kN/8][4], times `mul`, as
-// T into the shared matrix `s` (row stride `stride` elements) at rows row0..,
-// columns col0...
-template <typename T, int kM, int kN>
-__device__ __forceinline__ void FragToSmem(T* s, int stride, int row0, int col0,
-                                           const float (&acc)[kM][kN / 8][4], float mul) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < kM; ++mt)
-#pragma unroll
-    for (int nt = 0; nt < kN / 8; ++nt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h)
-        *reinterpret_cast<uint32_t*>(s + (row0 + mt * 16 + g + h * 8) * stride + col0 + nt * 8 +
-                                     2 * t4) =
-            PackPair<T>(acc[mt][nt][2 * h] * mul, acc[mt][nt][2 * h + 1] * mul);
-}
-
 // acc[kM][kN/8][4] (rows m0.. of 16 kM, columns n0.. of kN) += A B over kK,
 // A stored as (m rows, k columns) at sA (stride sa), B as (k rows, n columns)
 // at sB (stride sb), both row-major in shared memory.

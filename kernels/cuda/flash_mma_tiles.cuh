@@ -71,25 +71,31 @@ __device__ __forceinline__ void StoreTile(T* g, const T* s, int row0, int seq, i
   }
 }
 
+// Stores a warp's kM x (16 x kN) fp32 tiles acc[kM][kN/8][4], times `mul`, as
+// T into the shared matrix `s` (row stride `stride` elements) at rows row0..,
+// columns col0...
+template <typename T, int kM, int kN>
+__device__ __forceinline__ void FragToSmem(T* s, int stride, int row0, int col0,
+                                           const float (&acc)[kM][kN / 8][4], float mul) {
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int mt = 0; mt < kM; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < kN / 8; ++nt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+        *reinterpret_cast<uint32_t*>(s + (row0 + mt * 16 + g + h * 8) * stride + col0 + nt * 8 +
+                                     2 * t4) =
+            PackPair<T>(acc[mt][nt][2 * h] * mul, acc[mt][nt][2 * h + 1] * mul);
+}
+
 // Stores a warp's kM x (16 x kD) fp32 accumulator tiles acc[kM][kD/8][4],
 // times `mul`, into the shared tile `s` (rows row0 + 16 mt + .., kStride) as T.
 template <typename T, int kD, int kM>
 __device__ __forceinline__ void AccToSmem(T* s, int row0, const float (&acc)[kM][kD / 8][4],
                                           float mul) {
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2, t4 = lane & 3;
-#pragma unroll
-  for (int mt = 0; mt < kM; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < kD / 8; ++nt) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int r = row0 + mt * 16 + g + h * 8;
-        *reinterpret_cast<uint32_t*>(s + r * Tile<kD>::kStride + nt * 8 + 2 * t4) =
-            PackPair<T>(acc[mt][nt][2 * h] * mul, acc[mt][nt][2 * h + 1] * mul);
-      }
-    }
-  }
+  FragToSmem<T, kM, kD>(s, Tile<kD>::kStride, row0, 0, acc, mul);
 }
 
 // acc[kM][kN/8][4] (kM x 16 x kN) += A (rows row0.., 16 kM x kD of sA,
