@@ -539,12 +539,15 @@ bool ReadsRankFile(const std::vector<CheckpointShard>& shards, int world, int r)
 // A partitioned checkpoint's state into `shards`: each unit's kept parts
 // copied from the ranks' slices that overlap them (every tensor of the
 // files read is checked before anything is written).
-Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, const std::vector<CheckpointShard>& shards,
-                     const std::vector<std::string>& files, int64_t step) {
+// The ranks' state files `files` of step `step` in `ck` that `wanted(r)`
+// names, opened, each holding that step and saying it is rank r of the
+// world the manifest names.
+Result<std::map<int, SafetensorsFile>> OpenRankFiles(const std::string& ck, const std::vector<std::string>& files,
+                                                     int64_t step, const std::function<bool(int)>& wanted) {
   const int world = static_cast<int>(files.size());
   std::map<int, SafetensorsFile> read;
   for (int r = 0; r < world; ++r) {
-    if (!ReadsRankFile(shards, world, r)) continue;
+    if (!wanted(r)) continue;
     ASSIGN_OR_RETURN(SafetensorsFile f, SafetensorsFile::Open(ck + "/" + files[static_cast<size_t>(r)]));
     RETURN_IF_ERROR(CheckStepOf(f, step));
     const auto& meta = f.metadata();
@@ -556,11 +559,26 @@ Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, cons
                       f.path());
     read.emplace(r, std::move(f));
   }
+  return read;
+}
+
+// " (rank r's slice of W)", for the errors about a rank's tensor.
+std::string OfRank(int r, int world) {
+  return " (rank " + std::to_string(r) + "'s slice of " + std::to_string(world) + ")";
+}
+
+Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, const std::vector<CheckpointShard>& shards,
+                     const std::vector<std::string>& files, int64_t step) {
+  const int world = static_cast<int>(files.size());
+  Result<std::map<int, SafetensorsFile>> opened =
+      OpenRankFiles(ck, files, step, [&](int r) { return ReadsRankFile(shards, world, r); });
+  RETURN_IF_ERROR(opened.status());
+  const std::map<int, SafetensorsFile>& read = *opened;
   for (size_t si = 0; si < shards.size(); ++si) {
     const std::string& u = model.units[si].name;
     for (const auto& [r, f] : read) {
       const Shape want{FlatSliceOf(shards[si].numel, world, r).len};
-      const std::string of_rank = " (rank " + std::to_string(r) + "'s slice of " + std::to_string(world) + ")";
+      const std::string of_rank = OfRank(r, world);
       RETURN_IF_ERROR(CheckStateTensor(f, "master." + u, want, false, of_rank));
       RETURN_IF_ERROR(CheckStateTensor(f, "exp_avg." + u, want, true, of_rank));
       RETURN_IF_ERROR(CheckStateTensor(f, "exp_avg_sq." + u, want, true, of_rank));
@@ -644,6 +662,36 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
     RETURN_IF_ERROR(sh.write(w.data(), m.data(), v.data()).WithContext("resume"));
   }
   return Status::OK();
+}
+
+Result<bool> ReadPartitionedMasters(const std::string& dir, const models::ModelSpec& model,
+                                    const std::function<Status(size_t unit, std::span<const float>)>& take) {
+  ASSIGN_OR_RETURN(const std::string ck, ResolveCheckpoint(dir));
+  const std::string mpath = ck + "/" + kManifest;
+  ASSIGN_OR_RETURN(const nlohmann::json manifest, ReadManifest(mpath));
+  ASSIGN_OR_RETURN(const std::vector<std::string> files, RankFilesOf(manifest, mpath));
+  if (files.empty()) return false;
+  if (!manifest.contains("step") || !manifest["step"].is_number_integer())
+    return DataLoss("manifest has no integer step", mpath);
+  const int world = static_cast<int>(files.size());
+  Result<std::map<int, SafetensorsFile>> opened =
+      OpenRankFiles(ck, files, manifest["step"].get<int64_t>(), [](int) { return true; });
+  RETURN_IF_ERROR(opened.status());
+  const std::map<int, SafetensorsFile>& read = *opened;
+  for (const models::UnitSpec& u : model.units)
+    for (const auto& [r, f] : read)
+      RETURN_IF_ERROR(CheckStateTensor(f, "master." + u.name, Shape{FlatSliceOf(u.numel, world, r).len}, false,
+                                       OfRank(r, world)));
+  for (size_t ui = 0; ui < model.units.size(); ++ui) {
+    const models::UnitSpec& u = model.units[ui];
+    std::vector<float> w(static_cast<size_t>(u.numel));
+    for (const auto& [r, f] : read) {
+      const FlatSlice fs = FlatSliceOf(u.numel, world, r);
+      if (fs.len > 0) CopyAsFloat(f, *f.Find("master." + u.name), 0, static_cast<size_t>(fs.len), w.data() + fs.off);
+    }
+    RETURN_IF_ERROR(take(ui, w));
+  }
+  return true;
 }
 
 Result<CheckpointManifest> ReadCheckpointManifest(const std::string& dir) {

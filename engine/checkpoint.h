@@ -67,6 +67,7 @@
 #include <cstdint>
 #include <functional>
 #include <iosfwd>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -184,5 +185,15 @@ Status LoadCheckpoint(const std::string& dir, const models::ModelSpec& model,
 
 // The step directory `dir` names (itself, or what its `latest` names).
 Result<std::string> ResolveCheckpoint(const std::string& dir);
+
+// A partitioned checkpoint's fp32 masters (dir: as LoadCheckpoint takes
+// it), each unit's put together from the ranks' slices and handed to
+// `take(unit, values)` in unit order, one unit in memory at a time; false
+// (nothing read) when the step is not partitioned. Reads the masters alone:
+// checks each rank file's step and rank and each master tensor's shape and
+// dtype (an error names the file and the tensor), not the files' checksums,
+// which would read the moments too.
+Result<bool> ReadPartitionedMasters(const std::string& dir, const models::ModelSpec& model,
+                                    const std::function<Status(size_t unit, std::span<const float>)>& take);
 
 }  // namespace strata

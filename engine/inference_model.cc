@@ -33,7 +33,7 @@ Result<nlohmann::json> OptionalJson(const std::string& path) {
 }
 
 // The unit's fp32 values rounded to `dtype`, as bytes.
-std::vector<uint8_t> Encode(const std::vector<float>& master, DType dtype) {
+std::vector<uint8_t> Encode(std::span<const float> master, DType dtype) {
   std::vector<uint8_t> out(master.size() * DTypeSize(dtype));
   if (dtype == DType::kF32) {
     std::memcpy(out.data(), master.data(), out.size());
@@ -73,10 +73,11 @@ Result<InferenceModel> LoadInferenceModel(const std::string& dir, kernels::Backe
     if (!step.ok()) return step.status().WithContext(flag + " " + dir);
     m.dir = *step;
   }
-  // A strata step directory holds the fp32 masters the run trained
-  // (master.safetensors) beside the Hugging Face weights in the save dtype
-  // (bf16 by default): generation and eval read the masters, so that they
-  // give the trainer's numbers.
+  // A strata step directory holds the fp32 masters the run trained beside
+  // the Hugging Face weights in the save dtype (bf16 by default): in
+  // master.safetensors, or, saved partitioned across ranks, in slices in
+  // the ranks' state files. Generation and eval read the masters, so that
+  // they give the trainer's numbers.
   const std::string masters = m.dir + "/master.safetensors";
   Result<HfWeights> weights = HfWeights::Open(IsFile(masters) ? masters : m.dir);
   if (!weights.ok()) return weights.status().WithContext(flag + " " + dir);
@@ -93,6 +94,22 @@ Result<InferenceModel> LoadInferenceModel(const std::string& dir, kernels::Backe
   if (manifest.is_object() && manifest.contains("config")) m.train_config = manifest["config"];
   m.has_tokenizer = IsFile(m.dir + "/tokenizer.json");
 
+  auto upload = [&](std::span<const float> master) -> Status {
+    const std::vector<uint8_t> bytes = Encode(master, dtype);
+    ASSIGN_OR_RETURN(kernels::DeviceBuffer b, backend->Allocate(bytes.size()));
+    RETURN_IF_ERROR(backend->CopyToDevice(b.data(), bytes.data(), bytes.size()));
+    m.units.push_back(std::move(b));
+    return Status::OK();
+  };
+  if (manifest.is_object() && !IsFile(masters)) {
+    Result<bool> partitioned =
+        ReadPartitionedMasters(m.dir, m.spec, [&](size_t, std::span<const float> master) { return upload(master); });
+    if (!partitioned.ok()) return partitioned.status().WithContext(flag + " " + dir);
+    if (*partitioned) {
+      m.weights = m.dir + "/manifest.json";
+      return m;
+    }
+  }
   ASSIGN_OR_RETURN(const std::vector<HfParamSource> sources, MatchHfTensors(*weights, m.spec, ""));
   for (int u = 0; u < m.spec.num_units(); ++u) {
     std::vector<float> master(static_cast<size_t>(m.spec.units[static_cast<size_t>(u)].numel), 0.f);
@@ -101,10 +118,7 @@ Result<InferenceModel> LoadInferenceModel(const std::string& dir, kernels::Backe
       std::span<float> dst(master.data() + src.param->offset, static_cast<size_t>(src.param->numel));
       RETURN_IF_ERROR(weights->ReadF32Into(*src.tensor, dst));
     }
-    const std::vector<uint8_t> bytes = Encode(master, dtype);
-    ASSIGN_OR_RETURN(kernels::DeviceBuffer b, backend->Allocate(bytes.size()));
-    RETURN_IF_ERROR(backend->CopyToDevice(b.data(), bytes.data(), bytes.size()));
-    m.units.push_back(std::move(b));
+    RETURN_IF_ERROR(upload(master));
   }
   return m;
 }

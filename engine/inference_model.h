@@ -27,7 +27,9 @@ namespace strata {
 
 struct InferenceModel {
   std::string dir;      // the model directory (a step directory when `dir` was a --save directory)
-  std::string weights;  // the file read: master.safetensors (a step directory), model.safetensors or the shards' index
+  std::string weights;  // the file read: master.safetensors (a step directory; its manifest.json when saved
+                        // partitioned, the masters then in the ranks' state files), model.safetensors or the
+                        // shards' index
   models::ModelSpec spec;
   DType dtype = DType::kF32;
   std::vector<kernels::DeviceBuffer> units;  // per unit of spec

@@ -13,7 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "engine/checkpoint.h"
+#include "engine/inference_model.h"
 #include "engine/model_config.h"
+#include "kernels/backend.h"
 #include "tests/engine/tiny_trainer.h"
 #include "tests/test_util.h"
 
@@ -27,9 +29,11 @@ using ::strata::testing::TempDir;
 using ::testing::HasSubstr;
 
 // The value of element i of unit u's master (which 0), m (1) or v (2):
-// distinct everywhere and exact in bf16 (quarters below 32).
+// distinct everywhere; the moments exact in bf16 (quarters below 32), the
+// masters not (a 2^-12 more), so that a bf16 copy of them is told apart.
 float Value(size_t u, int64_t i, int which) {
-  return static_cast<float>((static_cast<int64_t>(u) * 7 + i * 3 + which * 11) % 127) / 4.0f;
+  const float q = static_cast<float>((static_cast<int64_t>(u) * 7 + i * 3 + which * 11) % 127) / 4.0f;
+  return which == 0 ? q + 1.0f / 4096 : q;
 }
 
 void Fill(size_t u, int64_t off, int64_t n, int which, float* out) {
@@ -66,14 +70,14 @@ std::vector<CheckpointShard> SavingRank(const models::ModelSpec& spec, int rank,
 
 // Saves step 7 as `world` ranks would (each rank's file, then rank 0's rest).
 Result<std::string> SavePartitioned(const std::string& dir, const models::ModelSpec& spec, int world,
-                                    DType moments = DType::kF32) {
+                                    DType moments = DType::kF32, DType hf_dtype = DType::kF32) {
   TrainState ts;
   ts.step = 7;
   ts.data_position = 123;
   ts.precision = "fp32";
   RETURN_IF_ERROR(PrepareCheckpointTmpDir(dir, ts.step));
   CheckpointExtras extras;
-  extras.hf_dtype = DType::kF32;
+  extras.hf_dtype = hf_dtype;
   for (int r = 0; r < world; ++r) {
     ASSIGN_OR_RETURN(FileSum sum, WriteRankStateFile(CheckpointTmpDir(dir, ts.step, ::getpid()), spec,
                                                      SavingRank(spec, r, world, moments), r, world, ts.step));
@@ -234,6 +238,89 @@ TEST(RankCheckpoint, ARankFileOfAnotherRankIsDataLoss) {
   const Status s = LoadCheckpoint(dir.path(), spec, ResumingRank(spec, 0, 1, &got), &ts, nullptr, &log);
   EXPECT_THAT(s, StatusIs(StatusCode::kDataLoss));
   EXPECT_THAT(s.ToString(), HasSubstr("rank 1 of 2"));
+}
+
+// strata generate and eval read a partitioned step's fp32 masters from the
+// ranks' slices: each unit once, in unit order, put together at any split.
+TEST(RankCheckpoint, ThePartitionedMastersPutTogetherAreTheSavedOnes) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK(SavePartitioned(dir.path(), spec, 3).status());
+  std::vector<size_t> order;
+  ASSERT_OK_AND_ASSIGN(const bool partitioned,
+                       ReadPartitionedMasters(dir.path(), spec, [&](size_t u, std::span<const float> w) {
+                         order.push_back(u);
+                         EXPECT_EQ(w.size(), static_cast<size_t>(spec.units[u].numel)) << spec.units[u].name;
+                         for (size_t i = 0; i < w.size(); ++i)
+                           if (w[i] != Value(u, static_cast<int64_t>(i), 0)) {
+                             ADD_FAILURE() << spec.units[u].name << " master " << i << ": " << w[i];
+                             break;
+                           }
+                         return Status::OK();
+                       }));
+  EXPECT_TRUE(partitioned);
+  ASSERT_EQ(order.size(), spec.units.size());
+  for (size_t u = 0; u < order.size(); ++u) EXPECT_EQ(order[u], u);
+}
+
+// A step saved by one rank has its masters in master.safetensors: nothing
+// is read here.
+TEST(RankCheckpoint, AStepThatIsNotPartitionedHasNoPartitionedMasters) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  TrainState ts;
+  ts.step = 7;
+  ASSERT_OK(SaveCheckpoint(dir.path(), spec, SavingRank(spec, 0, 1, DType::kF32), ts, CheckpointExtras{}).status());
+  bool called = false;
+  ASSERT_OK_AND_ASSIGN(const bool partitioned, ReadPartitionedMasters(dir.path(), spec, [&](size_t, std::span<const float>) {
+    called = true;
+    return Status::OK();
+  }));
+  EXPECT_FALSE(partitioned);
+  EXPECT_FALSE(called);
+}
+
+// A rank's file gone, or one whose masters have another shape (another
+// model's), is an error naming the file; nothing is handed out.
+TEST(RankCheckpoint, PartitionedMastersOfAMissingOrForeignRankFileAreAnError) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2));
+  bool called = false;
+  auto take = [&](size_t, std::span<const float>) {
+    called = true;
+    return Status::OK();
+  };
+  models::ModelSpec other = spec;
+  other.units[1].numel += 2;
+  Result<bool> r = ReadPartitionedMasters(dir.path(), other, take);
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(r.status().ToString(), HasSubstr("zero-rank-00000-of-00002.safetensors"));
+  EXPECT_THAT(r.status().ToString(), HasSubstr("master." + spec.units[1].name));
+  fs::remove(step + "/zero-rank-00001-of-00002.safetensors");
+  r = ReadPartitionedMasters(dir.path(), spec, take);
+  EXPECT_FALSE(r.ok());
+  EXPECT_THAT(r.status().ToString(), HasSubstr("zero-rank-00001-of-00002.safetensors"));
+  EXPECT_FALSE(called);
+}
+
+// LoadInferenceModel (strata generate, strata eval) on a partitioned step
+// whose Hugging Face copy is bf16 gets the fp32 masters, not the copy.
+TEST(RankCheckpoint, AModelLoadedFromAPartitionedStepHasTheFp32Masters) {
+  TempDir dir;
+  const models::ModelSpec spec = TinySpec();
+  ASSERT_OK_AND_ASSIGN(const std::string step, SavePartitioned(dir.path(), spec, 2, DType::kF32, DType::kBF16));
+  auto be = kernels::MakeCpuBackend(1);
+  ASSERT_OK_AND_ASSIGN(InferenceModel m, LoadInferenceModel(step, be.get(), DType::kF32, "--model"));
+  EXPECT_EQ(m.weights, step + "/manifest.json");
+  ASSERT_EQ(m.spec.units.size(), spec.units.size());
+  for (size_t u = 0; u < spec.units.size(); ++u) {
+    ASSERT_EQ(m.spec.units[u].numel, spec.units[u].numel) << spec.units[u].name;
+    std::vector<float> got(static_cast<size_t>(spec.units[u].numel));
+    ASSERT_OK(be->CopyToHost(got.data(), m.units[u].data(), got.size() * sizeof(float)));
+    for (size_t i = 0; i < got.size(); ++i)
+      ASSERT_EQ(got[i], Value(u, static_cast<int64_t>(i), 0)) << spec.units[u].name << " " << i;
+  }
 }
 
 }  // namespace
