@@ -536,9 +536,6 @@ bool ReadsRankFile(const std::vector<CheckpointShard>& shards, int world, int r)
   return false;
 }
 
-// A partitioned checkpoint's state into `shards`: each unit's kept parts
-// copied from the ranks' slices that overlap them (every tensor of the
-// files read is checked before anything is written).
 // The ranks' state files `files` of step `step` in `ck` that `wanted(r)`
 // names, opened, each holding that step and saying it is rank r of the
 // world the manifest names.
@@ -567,6 +564,9 @@ std::string OfRank(int r, int world) {
   return " (rank " + std::to_string(r) + "'s slice of " + std::to_string(world) + ")";
 }
 
+// A partitioned checkpoint's state into `shards`: each unit's kept parts
+// copied from the ranks' slices that overlap them (every tensor of the
+// files read is checked before anything is written).
 Status LoadRankFiles(const std::string& ck, const models::ModelSpec& model, const std::vector<CheckpointShard>& shards,
                      const std::vector<std::string>& files, int64_t step) {
   const int world = static_cast<int>(files.size());
