@@ -166,29 +166,6 @@ struct Side {
   std::vector<EventRef> events;
 };
 
-// Completion of one asynchronous NVMe write in a pipeline.
-struct Latch {
-  std::mutex mu;
-  std::condition_variable cv;
-  bool pending = false;
-  Status status;
-  void Start() {
-    std::lock_guard<std::mutex> l(mu);
-    pending = true;
-  }
-  void Done(Status s) {
-    std::lock_guard<std::mutex> l(mu);
-    if (status.ok()) status = std::move(s);
-    pending = false;
-    cv.notify_all();
-  }
-  Status Wait() {
-    std::unique_lock<std::mutex> l(mu);
-    cv.wait(l, [&] { return !pending; });
-    return status;
-  }
-};
-
 inline Status SyncAll(const std::vector<EventRef>& events) {
   for (const auto& e : events) RETURN_IF_ERROR(e->Synchronize());
   return Status::OK();

@@ -4,13 +4,42 @@
 // a LinkDelta that the caller folds into the store's link statistics.
 #include "tiers/tier_store_impl.h"
 
+#include <condition_variable>
 #include <cstring>
+#include <mutex>
 
 #include "base/clock.h"
 
 namespace strata {
 
 using namespace tier_store_internal;  // the store's bookkeeping (tier_store_impl.h)
+
+namespace {
+
+// Completion of one asynchronous NVMe transfer of a staged move.
+struct Latch {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool pending = false;
+  Status status;
+  void Start() {
+    std::lock_guard<std::mutex> l(mu);
+    pending = true;
+  }
+  void Done(Status s) {
+    std::lock_guard<std::mutex> l(mu);
+    if (status.ok()) status = std::move(s);
+    pending = false;
+    cv.notify_all();
+  }
+  Status Wait() {
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return !pending; });
+    return status;
+  }
+};
+
+}  // namespace
 
 Status TierStore::Impl::EngineCopy(CopyDirection dir, void* dst, const void* src, uint64_t bytes,
                                    const std::vector<EventRef>& a, const std::vector<EventRef>& b,
