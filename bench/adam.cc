@@ -76,6 +76,7 @@
 #include "base/half.h"
 #include "base/host_memory.h"
 #include "bench/adam_roof.h"
+#include "bench/adam_shard.h"
 #include "bench/args.h"
 #include "bench/bench.h"
 #include "bench/sweep.h"
@@ -90,24 +91,13 @@ namespace {
 
 using optim::Isa;
 
-struct Config {
-  DType grad = DType::kF16;
-  DType state = DType::kF32;
-  bool has_out = true;
-  DType out = DType::kF16;
-  std::string name() const {
-    return std::string(DTypeName(grad)) + ":" + std::string(DTypeName(state)) + ":" +
-           (has_out ? std::string(DTypeName(out)) : "none");
-  }
-};
-
-Result<Config> ParseConfig(const std::string& s) {
+Result<AdamDTypes> ParseConfig(const std::string& s) {
   std::vector<std::string> parts;
   std::stringstream ss(s);
   std::string p;
   while (std::getline(ss, p, ':')) parts.push_back(p);
   if (parts.size() != 3) return InvalidArgument("--config wants grad:state:copy, e.g. f16:f32:f16; got '" + s + "'");
-  Config c;
+  AdamDTypes c;
   auto grad = ParseDType(parts[0]);
   auto state = ParseDType(parts[1]);
   if (!grad || (*grad != DType::kF32 && *grad != DType::kF16 && *grad != DType::kBF16))
@@ -163,161 +153,8 @@ std::string CountName(size_t n) {
   return std::to_string(n);
 }
 
-// Host memory: 2 MiB-aligned anonymous mappings with the huge-page advice of
-// the variant (tiers/host_tier.h), first touched by the worker threads.
-// Buffer k of a shard starts k x `stagger` bytes into its mapping: arrays
-// spaced by an exact power of two (what back-to-back 2 MiB-aligned mmaps of
-// 2^k-byte arrays give) can alias in the TLB, caches and DRAM banks, which
-// costs this pass up to 2-3x on some machines; glibc's aligned_alloc
-// staggers by 2 MiB + a page per array, which --stagger 2M reproduces.
-struct HostBuf {
-  HostMapping map;
-  uint8_t* p = nullptr;
-  void* data() const { return p; }
-};
-
-HostBuf Alloc(size_t bytes, HostHugePages hp, size_t offset) {
-  HostBuf b;
-  b.map = BENCH_VALUE(MapHostMemory(std::max<size_t>(bytes, 1) + offset, hp, /*prefault=*/false));
-  b.p = static_cast<uint8_t*>(b.map.data()) + offset;
-  return b;
-}
-
-template <class T = uint8_t>
-T* Ptr(const HostBuf& b) {
-  return reinterpret_cast<T*>(b.p);
-}
-
-// ---- one shard's buffers ------------------------------------------------------
-
-struct Shard {
-  size_t n = 0;
-  Config cfg;
-  HostBuf master, m, v, grad, out;
-  HostBuf sa, sb;  // (n) fp32 each: the STREAM arrays
-  // --out-of-place: the second master/m/v. Each pass reads set `cur` and
-  // writes the other; Flip() then makes the other current.
-  bool oop = false;
-  HostBuf master2, m2, v2;
-  int cur = 0;
-
-  uint8_t* W(int set) const { return Ptr(set ? master2 : master); }
-  uint8_t* M(int set) const { return Ptr(set ? m2 : m); }
-  uint8_t* V(int set) const { return Ptr(set ? v2 : v); }
-  void Flip() { cur ^= oop ? 1 : 0; }
-
-  optim::AdamShard View() const {
-    optim::AdamShard s;
-    s.n = n;
-    s.master = reinterpret_cast<float*>(W(cur));
-    s.exp_avg = M(cur);
-    s.exp_avg_sq = V(cur);
-    s.state_dtype = cfg.state;
-    s.grad = grad.data();
-    s.grad_dtype = cfg.grad;
-    s.param_out = cfg.has_out ? out.data() : nullptr;
-    s.param_out_dtype = cfg.out;
-    if (oop) {
-      s.master_out = reinterpret_cast<float*>(W(cur ^ 1));
-      s.exp_avg_out = M(cur ^ 1);
-      s.exp_avg_sq_out = V(cur ^ 1);
-    }
-    return s;
-  }
-};
-
-size_t ShardBytes(size_t n, const Config& cfg, bool oop) {
-  const size_t state = 4 + 2 * DTypeSize(cfg.state);
-  return n * (state * (oop ? 2 : 1) + DTypeSize(cfg.grad) + (cfg.has_out ? DTypeSize(cfg.out) : 0) + 8);
-}
-
-// Allocates and fills the shard with plausible values (first touch by the
-// threads of `arena`, in the tiles the passes will use).
-Shard MakeShard(size_t n, const Config& cfg, bool oop, HostHugePages hp, size_t stagger, tbb::task_arena& arena,
-                size_t tile) {
-  Shard s;
-  s.n = n;
-  s.cfg = cfg;
-  s.oop = oop;
-  const size_t ss = DTypeSize(cfg.state), gs = DTypeSize(cfg.grad), os = DTypeSize(cfg.out);
-  s.master = Alloc(n * 4, hp, 0 * stagger);
-  s.m = Alloc(n * ss, hp, 1 * stagger);
-  s.v = Alloc(n * ss, hp, 2 * stagger);
-  s.grad = Alloc(n * gs, hp, 3 * stagger);
-  if (cfg.has_out) s.out = Alloc(n * os, hp, 4 * stagger);
-  s.sa = Alloc(n * 4, hp, 5 * stagger);
-  s.sb = Alloc(n * 4, hp, 6 * stagger);
-  if (oop) {
-    s.master2 = Alloc(n * 4, hp, 7 * stagger);
-    s.m2 = Alloc(n * ss, hp, 8 * stagger);
-    s.v2 = Alloc(n * ss, hp, 9 * stagger);
-  }
-  const size_t ntiles = (n + tile - 1) / tile;
-  arena.execute([&] {
-    tbb::parallel_for(tbb::blocked_range<size_t>(0, ntiles, 1), [&](const tbb::blocked_range<size_t>& r) {
-      for (size_t t = r.begin(); t != r.end(); ++t) {
-        size_t b = t * tile, e = std::min(n, b + tile);
-        for (size_t i = b; i < e; ++i) {
-          uint32_t h = static_cast<uint32_t>(i * 2654435761u);
-          float u = static_cast<float>(h >> 8) * (1.0f / 16777216.0f);  // [0, 1)
-          Ptr<float>(s.master)[i] = 2.f * u - 1.f;
-          auto put = [&](uint8_t* base, DType t, float x) {
-            if (t == DType::kF32) std::memcpy(base + 4 * i, &x, 4);
-            else {
-              uint16_t b16 = t == DType::kF16 ? FloatToHalf(x) : FloatToBF16(x);
-              std::memcpy(base + 2 * i, &b16, 2);
-            }
-          };
-          put(Ptr(s.m), cfg.state, 1e-3f * (u - 0.5f));
-          put(Ptr(s.v), cfg.state, 1e-5f * u);
-          put(Ptr(s.grad), cfg.grad, 0.01f * (0.5f - u));
-        }
-        if (cfg.has_out) std::memset(Ptr(s.out) + b * os, 0, (e - b) * os);
-        if (oop) {  // (overwritten by the first pass; touched here for placement)
-          std::memset(Ptr(s.master2) + b * 4, 0, (e - b) * 4);
-          std::memset(Ptr(s.m2) + b * ss, 0, (e - b) * ss);
-          std::memset(Ptr(s.v2) + b * ss, 0, (e - b) * ss);
-        }
-        std::memset(Ptr(s.sa) + b * 4, 1, (e - b) * 4);
-        std::memset(Ptr(s.sb) + b * 4, 0, (e - b) * 4);
-      }
-    }, tbb::static_partitioner());
-  });
-  return s;
-}
-
-// The roof pass over the shard's arrays (out of place: from the current set
-// into the other, like the Adam pass), on the Adam engine's threads and
-// tiles, with its prefetch settings.
-uint64_t RoofPass(Shard& s, const optim::CpuAdam& adam, RoofKernel kernel) {
-  const size_t ss = DTypeSize(s.cfg.state), gs = DTypeSize(s.cfg.grad), os = DTypeSize(s.cfg.out);
-  const size_t tile = adam.tile_elems(), ntiles = (s.n + tile - 1) / tile;
-  const size_t pf = adam.prefetch_bytes();
-  const int hint = adam.prefetch_hint() == optim::PrefetchHint::kL1 ? 0 : 1;
-  std::atomic<uint64_t> sink{0};
-  adam.RunTiles(ntiles, [&](size_t t) {
-    size_t b = t * tile, len = std::min(s.n, b + tile) - b;
-    RoofTile rt{s.W(s.cur) + b * 4, s.M(s.cur) + b * ss, s.V(s.cur) + b * ss, Ptr(s.grad) + b * gs,
-                s.cfg.has_out ? Ptr(s.out) + b * os : nullptr, len, ss, gs, os};
-    if (s.oop) {
-      rt.po = s.W(s.cur ^ 1) + b * 4;
-      rt.mo = s.M(s.cur ^ 1) + b * ss;
-      rt.vo = s.V(s.cur ^ 1) + b * ss;
-    }
-    rt.pf = pf;
-    rt.pf_stop = pf ? PrefetchStop(s.n - b, pf, std::min(ss, gs), 32) : 0;  // a line of 16-bit = 32
-    rt.hint = hint;
-    // Relaxed: a sink that keeps the reads alive; RunTiles' join orders it.
-    const uint64_t x = kernel == RoofKernel::kAvx512 ? RoofTileAvx512(rt)
-                       : kernel == RoofKernel::kAvx2 ? RoofTileAvx2(rt)
-                                                     : RoofTileSse(rt);
-    sink.fetch_xor(x, std::memory_order_relaxed);
-  });
-  return sink.load(std::memory_order_relaxed);
-}
-
 // Best GB/s of `reps` passes of kind k over the shard's STREAM arrays.
-double StreamFigure(StreamKind k, Shard& s, const optim::CpuAdam& adam, int reps, uint64_t* sink) {
+double StreamFigure(StreamKind k, ShardBuffers& s, const optim::CpuAdam& adam, int reps, uint64_t* sink) {
   const size_t tile = adam.tile_elems(), ntiles = (s.n + tile - 1) / tile;
   const size_t pf = adam.prefetch_bytes();
   const int hint = adam.prefetch_hint() == optim::PrefetchHint::kL1 ? 0 : 1;
@@ -398,7 +235,7 @@ int RunAdam(int argc, char** argv) {
     const int all = tbb::info::default_concurrency();
     std::vector<size_t> sizes;
     std::vector<int> threads;
-    std::vector<Config> configs;
+    std::vector<AdamDTypes> configs;
     if (common.full) {
       if (sizes_s == "1M,16M,64M") sizes_s = "1M,4M,16M,64M,256M,1G";
       if (threads_s.empty())
@@ -493,7 +330,7 @@ int RunAdam(int argc, char** argv) {
     uint64_t sink = 0;
     Progress progress("adam", configs.size() * hps.size() * sizes.size() * threads.size() * pins.size() *
                                   tiles.size() * pfs.size() * isas.size());
-    for (const Config& cfg : configs) {
+    for (const AdamDTypes& cfg : configs) {
       const size_t bpp = optim::AdamBytesPerParam(cfg.grad, cfg.state, cfg.has_out, cfg.out);
       for (HostHugePages hp : hps) {
         for (size_t n : sizes) {
@@ -504,7 +341,7 @@ int RunAdam(int argc, char** argv) {
             continue;
           }
           if (StopRequested()) break;
-          Shard shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
+          ShardBuffers shard = MakeShard(n, cfg, out_of_place, hp, stagger, init_arena, tiles.front());
           // What the kernel gave: the process's AnonHugePages against the
           // shard's bytes (the shard is nearly all of the process's memory).
           const double thp_share =
