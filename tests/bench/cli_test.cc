@@ -118,6 +118,34 @@ TEST(BenchDir, AKilledRunsDirectoryIsRemovedByTheNext) {
   EXPECT_TRUE(Exists(foreign));
 }
 
+// An offload workload at a smoke size on the CPU backend: beside the
+// all-resident baseline, the step set against the host memory it needs (the
+// CPU Adam's bytes and the copies', at the roof rate measured in the run).
+TEST(BenchTrain, AnOffloadWorkloadSetsItsStepAgainstTheHostMemory) {
+  TempDir out;
+  auto r = RunCommand({BenchBinary(), "train", "--workload", "gpt-1.3b-offload", "--layers", "2", "--d", "128",
+                       "--heads", "2", "--seq", "64", "--vocab", "256", "--batch", "2", "--steps", "2", "--warmup",
+                       "1", "--backend", "cpu", "--json", out.File("off.json")});
+  ASSERT_EQ(r.rc, 0) << r.output;
+  nlohmann::json j = nlohmann::json::parse(ReadFile(out.File("off.json")), nullptr, false);
+  ASSERT_FALSE(j.is_discarded());
+  auto row = [&](const std::string& figure) -> nlohmann::json {
+    for (const auto& x : j["rows"])
+      if (x.value("figure", "") == figure) return x;
+    return nullptr;
+  };
+  const nlohmann::json roof = row("host roof (the CPU Adam's byte pattern, all threads, after the steps)");
+  ASSERT_TRUE(roof.is_object()) << r.output;
+  EXPECT_GT(roof["value"].get<double>(), 0.1);  // GB/s: any machine's memory moves more
+  const nlohmann::json bound = row("step time vs host memory bound");
+  ASSERT_TRUE(bound.is_object()) << r.output;
+  const double step = row("step")["value"].get<double>();
+  EXPECT_EQ(bound["value"].get<double>(), step);
+  EXPECT_GT(bound["baseline"].get<double>(), 0);
+  EXPECT_NEAR(bound["ratio"].get<double>(), step / bound["baseline"].get<double>(), 1e-9 * bound["ratio"].get<double>());
+  EXPECT_TRUE(row("tokens/s vs all-resident").is_object());
+}
+
 TEST(BenchArgs, BadArgumentsAreNamed) {
   struct Case {
     std::vector<std::string> args;
