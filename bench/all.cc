@@ -199,6 +199,7 @@ nlohmann::json SummaryJson(const MachineRun& run) {
   j["rates"] = {{"h2d_gbs", r.h2d_gbs}, {"d2h_gbs", r.d2h_gbs}, {"both_gbs", r.both_gbs},
                 {"nvme_read_gbs", r.nvme_read_gbs}, {"nvme_write_gbs", r.nvme_write_gbs},
                 {"nvme_mixed_gbs", r.nvme_mixed_gbs}, {"adam_params_per_s", r.adam_params_per_s},
+                {"host_roof_gbs", r.host_roof_gbs},
                 {"compute_flops", r.compute_flops}, {"gpu_budget", r.gpu_budget}, {"host_budget", r.host_budget},
                 {"nvme_free", r.nvme_free}, {"notes", run.rate_notes}};
   j["bounds"] = nlohmann::json::array();
@@ -210,7 +211,7 @@ nlohmann::json SummaryJson(const MachineRun& run) {
       row.update({{"micro_batch", b.micro_batch}, {"grad_accum", b.grad_accum}, {"tokens_per_step", b.tokens_per_step},
                   {"placement", PlacementText(b.plan)}, {"h2d", b.plan.h2d}, {"d2h", b.plan.d2h},
                   {"nvme_read", b.plan.nvme_read}, {"nvme_write", b.plan.nvme_write}, {"compute_s", b.compute_s},
-                  {"pcie_s", b.pcie_s}, {"nvme_s", b.nvme_s}, {"adam_s", b.adam_s}, {"bound", b.bound},
+                  {"pcie_s", b.pcie_s}, {"nvme_s", b.nvme_s}, {"adam_s", b.adam_s}, {"host_s", b.host_s}, {"bound", b.bound},
                   {"step_s", b.step_s}, {"tokens_per_s", b.tokens_per_s}});
     }
     j["bounds"].push_back(row);

@@ -229,7 +229,7 @@ std::string BoundSection(const MachineRun& run) {
   for (const BoundRow& b : run.bounds) {
     const std::string params = Num(static_cast<double>(b.params) / 1e9) + " B";
     if (!b.fits) {
-      rows.push_back({b.model.name, params, "no: " + b.why_not, "", "", "", "", "", "", "", "", ""});
+      rows.push_back({b.model.name, params, "no: " + b.why_not, "", "", "", "", "", "", "", "", "", ""});
       continue;
     }
     largest = &b;
@@ -238,11 +238,12 @@ std::string BoundSection(const MachineRun& run) {
                         std::to_string(b.model.seq) + " tokens",
                     PlacementText(b.plan), FormatBytes(b.plan.h2d) + " / " + FormatBytes(b.plan.d2h),
                     FormatBytes(b.plan.nvme_read) + " / " + FormatBytes(b.plan.nvme_write), Seconds(b.compute_s),
-                    Seconds(b.pcie_s), Seconds(b.nvme_s), Seconds(b.adam_s), "**" + b.bound + "**: " + Seconds(b.step_s),
+                    Seconds(b.pcie_s), Seconds(b.nvme_s), Seconds(b.adam_s),
+                    r.host_roof_gbs > 0 ? Seconds(b.host_s) : std::string("-"), "**" + b.bound + "**: " + Seconds(b.step_s),
                     Num(b.tokens_per_s)});
   }
   os << MdTable({"model", "parameters", "fits? batch per step", "placement", "PCIe h2d / d2h per step",
-                 "NVMe read / write per step", "compute", "PCIe", "NVMe", "CPU Adam", "bound: step", "tokens/s"},
+                 "NVMe read / write per step", "compute", "PCIe", "NVMe", "CPU Adam", "host memory", "bound: step", "tokens/s"},
                 rows);
   os << "\n";
   if (largest)
@@ -416,8 +417,11 @@ OffloadRates RatesFromComponents(const MachineRun& run, std::vector<std::string>
       best = &row;
   if (best) {
     r.adam_params_per_s = Dbl(*best, "Gparam/s") * 1e9;
+    r.host_roof_gbs = Dbl(*best, "baseline");
     notes->push_back("CPU Adam: " + Str(*best, "isa") + ", " + Str(*best, "threads") + " threads, " +
                      Str(*best, "config") + ": " + Num(Dbl(*best, "Gparam/s")) + " G params/s");
+    notes->push_back("host memory: the roof pass beside that row (the Adam's arrays and byte pattern, trivial "
+                     "arithmetic): " + Num(r.host_roof_gbs) + " GB/s, which the CPU Adam and the copies share");
   } else {
     notes->push_back("CPU Adam: missing (" + Why(adam, "", false) + ")");
   }

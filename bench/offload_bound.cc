@@ -7,6 +7,7 @@
 #include "engine/budgets.h"
 #include "engine/config.h"
 #include "engine/model_config.h"
+#include "optim/cpu_adam.h"
 
 namespace strata::bench {
 
@@ -115,8 +116,13 @@ BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Back
   const bool cpu_adam = p.optimizer != TierKind::kGpu;
   const uint64_t offloaded = cpu_adam ? p.total_params - p.optimizer_gpu_params : 0;
   row.adam_s = offloaded == 0 ? 0 : r.adam_params_per_s > 0 ? offloaded / r.adam_params_per_s : 1e30;
-  const std::pair<double, const char*> parts[] = {
-      {row.compute_s, "compute"}, {row.pcie_s, "PCIe"}, {row.nvme_s, "NVMe"}, {row.adam_s, "CPU Adam"}};
+  const uint64_t host_bytes =
+      offloaded * optim::AdamBytesPerParam(DType::kBF16, DType::kF32, true, DType::kBF16) + p.h2d + p.d2h +
+      p.nvme_read + p.nvme_write;
+  row.host_s = r.host_roof_gbs > 0 ? Seconds(host_bytes, r.host_roof_gbs) : 0;
+  const std::pair<double, const char*> parts[] = {{row.compute_s, "compute"}, {row.pcie_s, "PCIe"},
+                                                  {row.nvme_s, "NVMe"},       {row.adam_s, "CPU Adam"},
+                                                  {row.host_s, "host memory"}};
   const auto* worst = std::max_element(std::begin(parts), std::end(parts),
                                        [](const auto& a, const auto& b) { return a.first < b.first; });
   row.bound = worst->second;

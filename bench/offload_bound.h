@@ -12,6 +12,11 @@
 //             (read + write) / the mixed rate
 //   CPU Adam  offloaded parameters / the CPU Adam's parameters per second
 //             (0 when the optimizer state is on the GPU: the GPU Adam)
+//   host memory  the bytes the step moves through host memory (the CPU
+//             Adam pass's, 28 per offloaded parameter, + h2d + d2h + NVMe
+//             read + write) / the host roof rate (the Adam byte pattern's,
+//             strata-bench adam's roof pass); left out when not measured.
+//             The CPU Adam and the copies share that bandwidth.
 // strata overlaps them (prefetch, the update during the backward or the
 // next forward), so the step takes at least the largest: that resource
 // bounds the step, and the tokens per second follow. The figures are a
@@ -34,6 +39,7 @@ struct OffloadRates {
   double h2d_gbs = 0, d2h_gbs = 0, both_gbs = 0;                 // the copy engine (or its stand-in)
   double nvme_read_gbs = 0, nvme_write_gbs = 0, nvme_mixed_gbs = 0;  // NvmeTier; mixed 0: not measured
   double adam_params_per_s = 0;                                  // CPU Adam, all threads
+  double host_roof_gbs = 0;  // host memory at the CPU Adam's byte pattern (its roof pass); 0: not measured
   double compute_flops = 0;                                      // training FLOP/s (model FLOPs)
   uint64_t gpu_budget = 0, host_budget = 0;
   uint64_t nvme_free = 0;  // bytes free where the NVMe tier would live; 0: no NVMe
@@ -72,9 +78,9 @@ struct BoundRow {
   int64_t micro_batch = 0, grad_accum = 0;
   int64_t tokens_per_step = 0;
   Plan plan;
-  double compute_s = 0, pcie_s = 0, nvme_s = 0, adam_s = 0;
-  std::string bound;           // "compute", "PCIe", "NVMe", "CPU Adam"
-  double step_s = 0;           // the largest of the four
+  double compute_s = 0, pcie_s = 0, nvme_s = 0, adam_s = 0, host_s = 0;
+  std::string bound;           // "compute", "PCIe", "NVMe", "CPU Adam", "host memory"
+  double step_s = 0;           // the largest of the five
   double tokens_per_s = 0;
 };
 

@@ -60,6 +60,28 @@ TEST(OffloadBound, ASlowCpuAdamBoundsAHostOptimizer) {
   EXPECT_NEAR(b.adam_s, static_cast<double>(b.plan.total_params - b.plan.optimizer_gpu_params) / 1e6, 1e-3);
 }
 
+// The CPU Adam and the copies share the host's memory: with a host roof
+// slower than what the step moves through it, host memory bounds the step,
+// at the Adam pass's 28 bytes per offloaded parameter plus the copies'.
+TEST(OffloadBound, ASlowHostMemoryBoundsAHostOptimizer) {
+  OffloadRates r = Rates();
+  r.gpu_budget = 24 * kGiB;
+  r.host_roof_gbs = 1;
+  const BoundRow b = AnalyzeOne(r, "gpt-6.7b");
+  ASSERT_TRUE(b.fits) << b.why_not;
+  ASSERT_NE(b.plan.optimizer, TierKind::kGpu) << PlacementText(b.plan);
+  EXPECT_EQ(b.bound, "host memory");
+  const double bytes = 28.0 * static_cast<double>(b.plan.total_params - b.plan.optimizer_gpu_params) +
+                       static_cast<double>(b.plan.h2d + b.plan.d2h + b.plan.nvme_read + b.plan.nvme_write);
+  EXPECT_NEAR(b.host_s, bytes / 1e9, 1e-6 * b.host_s);
+  EXPECT_DOUBLE_EQ(b.step_s, b.host_s);
+  // Not measured: left out of the bound.
+  r.host_roof_gbs = 0;
+  const BoundRow c = AnalyzeOne(r, "gpt-6.7b");
+  EXPECT_EQ(c.host_s, 0);
+  EXPECT_NE(c.bound, "host memory");
+}
+
 TEST(OffloadBound, ASlowDiskBoundsAnNvmeOptimizer) {
   OffloadRates r = Rates();
   r.gpu_budget = 24 * kGiB;
