@@ -421,7 +421,8 @@ OffloadRates RatesFromComponents(const MachineRun& run, std::vector<std::string>
     notes->push_back("CPU Adam: " + Str(*best, "isa") + ", " + Str(*best, "threads") + " threads, " +
                      Str(*best, "config") + ": " + Num(Dbl(*best, "Gparam/s")) + " G params/s");
     notes->push_back("host memory: the roof pass beside that row (the Adam's arrays and byte pattern, trivial "
-                     "arithmetic): " + Num(r.host_roof_gbs) + " GB/s, which the CPU Adam and the copies share");
+                     "arithmetic) at " + Str(*best, "params") + " parameters: " + Num(r.host_roof_gbs) +
+                     " GB/s, which the CPU Adam and the copies share (a shard that fits the caches overstates it)");
   } else {
     notes->push_back("CPU Adam: missing (" + Why(adam, "", false) + ")");
   }
