@@ -62,7 +62,8 @@
 // or an NVMe transfer moves through host memory, at the rate the roof pass
 // of strata-bench adam (the Adam's byte pattern, all threads) measures in
 // the same run after the steps. The offloaded step shares that bandwidth
-// between the update and the transfers, so it cannot be shorter.
+// between the update and the transfers: with every byte going through DRAM
+// it cannot be shorter (a CPU's DDIO may keep some copy bytes in its cache).
 #include "bench/train_offload.h"
 
 #include <sys/stat.h>
@@ -244,7 +245,7 @@ void AddNvmeBoundRows(const StepReport& m, const RawBandwidth& mean, const RawBa
 // 64 Mi.
 volatile uint64_t g_roof_sink = 0;
 double MeasureHostRoofGBs(const AdamDTypes& dt, uint64_t params) {
-  optim::CpuAdam::Options o;  // the trainer's defaults: every hardware thread
+  optim::CpuAdam::Options o;  // every hardware thread
   std::unique_ptr<optim::CpuAdam> adam = BENCH_VALUE(optim::CpuAdam::Create(o));
   const size_t n = static_cast<size_t>(std::clamp<uint64_t>(params, 16ull << 20, 64ull << 20));
   tbb::task_arena arena(tbb::info::default_concurrency());
