@@ -326,7 +326,7 @@ int RunTrain(int argc, char** argv) {
   TrainOptions o;
   bool no_profile = false;
   std::string workload, gpu_limit, host_limit, nvme_checksum, trace;
-  int64_t accum = 0;
+  int64_t accum = 0, piece_params = 0;
   double ratio = 1.0, clip = 1.0;
   po::options_description desc("strata-bench train: training-step throughput");
   AddCommonOptions(desc, o.common);
@@ -338,6 +338,9 @@ int RunTrain(int argc, char** argv) {
       "accum", po::value(&accum), "--workload: gradient accumulation steps (default: the workload's)")(
       "optimizer-ratio", po::value(&ratio)->default_value(1.0),
       "--workload: zero_optimization.offload_optimizer.ratio (the share of the optimizer state offloaded)")(
+      "piece-params", po::value(&piece_params)->value_name("N"),
+      "--workload: the CPU worker's pipelining piece, in parameters (default 8388608): each piece's gradient "
+      "comes down, is updated and goes up as a unit")(
       "clip", po::value(&clip)->default_value(1.0),
       "--workload: gradient_clipping (0: none, and then the optimizer update runs during the backward)")(
       "nvme-checksum", po::value(&nvme_checksum)->value_name("KIND"),
@@ -378,7 +381,8 @@ int RunTrain(int argc, char** argv) {
     int64_t value, lo, hi;
   } dims[] = {{"--layers", o.layers, 1, 10000},  {"--d", o.d, 1, 1 << 16},         {"--heads", o.heads, 1, 1024},
               {"--seq", o.seq, 1, 1 << 20},      {"--batch", o.batch, 1, 1 << 16}, {"--vocab", o.vocab, 2, 1 << 24},
-              {"--peak-size", o.peak_size, 256, 65536}, {"--accum", accum, 1, 1 << 16}};
+              {"--peak-size", o.peak_size, 256, 65536}, {"--accum", accum, 1, 1 << 16},
+              {"--piece-params", piece_params, 64, int64_t{1} << 34}};
   for (const auto& d : dims)
     if (Given(argc, argv, d.flag)) CheckIntArg(d.flag, d.value, d.lo, d.hi);
   CheckRealArg("--optimizer-ratio", ratio, 0, 1);
@@ -388,8 +392,8 @@ int RunTrain(int argc, char** argv) {
   if (o.peers && Given(argc, argv, "--peer-list")) CheckPeerList(o.peer_list);
   if (workload.empty())
     for (const char* f :
-         {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--clip", "--nvme-checksum",
-          "--trace"})
+         {"--gpu-memory-limit", "--host-memory-limit", "--accum", "--optimizer-ratio", "--piece-params", "--clip",
+          "--nvme-checksum", "--trace"})
       if (Given(argc, argv, f)) RefuseArgument(std::string(f) + " applies to --workload runs only");
   if (!workload.empty()) {
     OffloadBenchOptions w;
@@ -403,6 +407,7 @@ int RunTrain(int argc, char** argv) {
     w.layers = o.layers, w.d = o.d, w.heads = o.heads, w.seq = o.seq, w.batch = o.batch, w.vocab = o.vocab;
     w.accum = accum;
     w.optimizer_ratio = ratio;
+    w.piece_params = piece_params;
     w.clip = clip;
     w.nvme_checksum = nvme_checksum;
     w.trace = trace;

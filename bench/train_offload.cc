@@ -369,6 +369,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
   t.host_memory_limit = bytes(o.host_limit.empty() ? spec->host_limit : o.host_limit);
   c.zero.offload_optimizer.device = spec->optimizer_device;
   c.zero.offload_optimizer.ratio = o.optimizer_ratio;
+  t.host_piece_params = static_cast<uint64_t>(o.piece_params);
   const bool nvme = std::string(spec->optimizer_device) == "nvme";
   if (!o.trace.empty()) {  // (before any baseline runs: the file must be writable)
     if (Status s = trace::CheckPath(o.trace); !s.ok())
@@ -393,6 +394,7 @@ int RunOffloadWorkload(const OffloadBenchOptions& o) {
             << c.model.n_embd << " (" << c.model.arch << "), seq " << c.model.seq_len << ", micro-batch " << c.micro_batch << " x "
             << c.grad_accum << ", bf16" << (c.bf16_optimizer_states ? " (bf16 Adam moments)" : "")
             << (o.optimizer_ratio < 1 ? ", offload_optimizer.ratio " + Fixed(o.optimizer_ratio) : std::string())
+            << (o.piece_params ? ", pieces of " + std::to_string(o.piece_params) + " parameters" : std::string())
             << ", gradient_clipping " << o.clip
             << (dir ? ", nvme_checksum " + c.trainer.nvme_checksum : std::string()) << "\n";
 

@@ -20,6 +20,7 @@ struct OffloadBenchOptions {
   // Shape overrides (0: the workload's), for smoke runs on small machines.
   int64_t layers = 0, d = 0, heads = 0, seq = 0, batch = 0, vocab = 0, accum = 0;
   double optimizer_ratio = 1.0;  // zero_optimization.offload_optimizer.ratio
+  int64_t piece_params = 0;      // the CPU worker's pipelining piece (0: the trainer's, 8 Mi parameters)
   double clip = 1.0;             // gradient_clipping (0: none; the optimizer update then runs during the backward)
   std::string nvme_checksum;     // trainer.nvme_checksum (empty: the config's default, crc32c)
   std::string trace;             // --trace FILE: the timed run's timeline (base/trace.h)

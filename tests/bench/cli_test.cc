@@ -187,6 +187,8 @@ TEST(BenchArgs, BadArgumentsAreNamed) {
       {{"train", "--resident", "--accum", "2"}, "--accum applies to --workload runs only"},
       {{"train", "--workload", "gpt-1.3b-offload", "--optimizer-ratio", "2"}, "--optimizer-ratio 2: must be in [0, 1]"},
       {{"train", "--resident", "--steps", "0"}, "--steps 0"},
+      {{"train", "--workload", "gpt-1.3b-offload", "--piece-params", "3"}, "--piece-params 3"},
+      {{"train", "--resident", "--piece-params", "1024"}, "--piece-params applies to --workload runs only"},
       {{"train", "--workload", "gpt-1.3b-nvme", "--nvme-checksum", "md5"}, "--nvme-checksum md5: not crc32c"},
       {{"train", "--workload", "gpt-1.3b-offload", "--nvme-checksum", "none"}, "--nvme-checksum applies to a workload with NVMe"},
       {{"train", "--resident", "--nvme-checksum", "none"}, "--nvme-checksum applies to --workload runs only"},
