@@ -53,12 +53,7 @@
 // (a += 1 in place; bytes read + written), the machine's raw bandwidth.
 // Each row is also printed to stderr as soon as it is measured.
 // Defaults finish in well under a minute on a 2-core machine.
-#include <sys/mman.h>
-
-#include <oneapi/tbb/blocked_range.h>
 #include <oneapi/tbb/info.h>
-#include <oneapi/tbb/parallel_for.h>
-#include <oneapi/tbb/partitioner.h>
 #include <oneapi/tbb/task_arena.h>
 
 #include <algorithm>
@@ -73,7 +68,6 @@
 #include <string>
 #include <vector>
 
-#include "base/half.h"
 #include "base/host_memory.h"
 #include "bench/adam_roof.h"
 #include "bench/adam_shard.h"
@@ -176,11 +170,6 @@ double StreamFigure(StreamKind k, ShardBuffers& s, const optim::CpuAdam& adam, i
 }
 
 volatile uint64_t g_roof_sink = 0;
-
-size_t AvailableBytes() {
-  Result<HostMemoryInfo> m = QueryHostMemory();
-  return m.ok() ? static_cast<size_t>(m->available_bytes) : SIZE_MAX;
-}
 
 // One software-prefetch variant: distance and hint.
 struct Prefetching {
@@ -307,9 +296,7 @@ int RunAdam(int argc, char** argv) {
     }
     for (const Prefetching& pf : pfs) CheckBytesArg("--prefetch", pf.bytes, 0, 64 * kKiB, 64);
     CheckBytesArg("--stagger", stagger, 0, kGiB, 64);
-    const RoofKernel roof_kernel = optim::IsaSupported(Isa::kAvx512)   ? RoofKernel::kAvx512
-                                  : optim::IsaSupported(Isa::kAvx2) ? RoofKernel::kAvx2
-                                                                    : RoofKernel::kSse2;
+    const RoofKernel roof_kernel = BestRoofKernel();
 
     Report report("adam");
     const auto& f = optim::DetectCpuFeatures();
@@ -335,7 +322,7 @@ int RunAdam(int argc, char** argv) {
       for (HostHugePages hp : hps) {
         for (size_t n : sizes) {
           const size_t need = ShardBytes(n, cfg, out_of_place);
-          if (need > AvailableBytes() / 10 * 8) {
+          if (need > AvailableHostBytes() / 10 * 8) {
             report.Note("skipped " + CountName(n) + " params (" + cfg.name() + "): needs " +
                         std::to_string(need >> 20) + " MiB, more than 80% of the free memory");
             continue;

@@ -7,6 +7,8 @@
 
 #include <cstring>
 
+#include "optim/cpu_features.h"
+
 namespace strata::bench {
 namespace {
 
@@ -248,6 +250,12 @@ __attribute__((target("avx2"))) uint64_t RoofTileAvx2(const RoofTile& t) {
 uint64_t RoofTileAvx512(const RoofTile& t) {
   if (t.ss == 4) return t.gs == 4 ? RoofTileAvx512Gs<4, 4>(t) : RoofTileAvx512Gs<4, 2>(t);
   return t.gs == 4 ? RoofTileAvx512Gs<2, 4>(t) : RoofTileAvx512Gs<2, 2>(t);
+}
+
+RoofKernel BestRoofKernel() {
+  if (optim::IsaSupported(optim::Isa::kAvx512)) return RoofKernel::kAvx512;
+  if (optim::IsaSupported(optim::Isa::kAvx2)) return RoofKernel::kAvx2;
+  return RoofKernel::kSse2;
 }
 
 const char* RoofKernelName(RoofKernel k) {

@@ -48,6 +48,8 @@ uint64_t RoofTileAvx512(const RoofTile& t);
 
 enum class RoofKernel { kSse2, kAvx2, kAvx512 };
 const char* RoofKernelName(RoofKernel k);
+// The widest form this CPU runs: AVX-512, else AVX2, else SSE2.
+RoofKernel BestRoofKernel();
 
 enum class StreamKind { kRead, kCopy, kUpdate };
 

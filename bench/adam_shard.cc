@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "base/half.h"
+#include "base/host_memory.h"
 #include "bench/bench.h"
 
 namespace strata::bench {
@@ -21,6 +22,11 @@ HostBuf AllocHostBuf(size_t bytes, HostHugePages hp, size_t offset) {
   b.map = BENCH_VALUE(MapHostMemory(std::max<size_t>(bytes, 1) + offset, hp, /*prefault=*/false));
   b.p = static_cast<uint8_t*>(b.map.data()) + offset;
   return b;
+}
+
+size_t AvailableHostBytes() {
+  Result<HostMemoryInfo> m = QueryHostMemory();
+  return m.ok() ? static_cast<size_t>(m->available_bytes) : SIZE_MAX;
 }
 
 size_t ShardBytes(size_t n, const AdamDTypes& cfg, bool oop) {

@@ -94,6 +94,10 @@ struct ShardBuffers {
   }
 };
 
+// The host memory available now (/proc/meminfo's MemAvailable; SIZE_MAX when
+// it cannot be read), to size a shard against.
+size_t AvailableHostBytes();
+
 // Bytes a shard maps (both sets out of place), the STREAM arrays included.
 size_t ShardBytes(size_t n, const AdamDTypes& cfg, bool oop);
 

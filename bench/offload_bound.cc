@@ -35,6 +35,12 @@ double Seconds(uint64_t bytes, double gbs) { return bytes == 0 ? 0 : gbs > 0 ? b
 
 }  // namespace
 
+uint64_t HostMemoryBytes(uint64_t offloaded, DType moments, uint64_t h2d, uint64_t d2h, uint64_t nvme_read,
+                         uint64_t nvme_write) {
+  return offloaded * optim::AdamBytesPerParam(DType::kBF16, moments, true, DType::kBF16) + h2d + d2h + nvme_read +
+         nvme_write;
+}
+
 double NvmeStepBound::overlapped_s() const { return std::max({read_s, write_s, mixed_s}); }
 double NvmeStepBound::sum_s() const { return read_s + write_s; }
 
@@ -113,12 +119,9 @@ BoundRow Analyze(const OffloadRates& r, const ModelShape& m, const kernels::Back
   row.pcie_s = std::max({Seconds(p.h2d, r.h2d_gbs), Seconds(p.d2h, r.d2h_gbs), Seconds(p.h2d + p.d2h, r.both_gbs)});
   row.nvme_s = NvmeBoundOf(p.nvme_read, p.nvme_write, r.nvme_read_gbs, r.nvme_write_gbs, r.nvme_mixed_gbs)
                    .overlapped_s();
-  const bool cpu_adam = p.optimizer != TierKind::kGpu;
-  const uint64_t offloaded = cpu_adam ? p.total_params - p.optimizer_gpu_params : 0;
+  const uint64_t offloaded = p.offloaded_optimizer_params();
   row.adam_s = offloaded == 0 ? 0 : r.adam_params_per_s > 0 ? offloaded / r.adam_params_per_s : 1e30;
-  const uint64_t host_bytes =
-      offloaded * optim::AdamBytesPerParam(DType::kBF16, DType::kF32, true, DType::kBF16) + p.h2d + p.d2h +
-      p.nvme_read + p.nvme_write;
+  const uint64_t host_bytes = HostMemoryBytes(offloaded, DType::kF32, p.h2d, p.d2h, p.nvme_read, p.nvme_write);
   row.host_s = r.host_roof_gbs > 0 ? Seconds(host_bytes, r.host_roof_gbs) : 0;
   const std::pair<double, const char*> parts[] = {{row.compute_s, "compute"}, {row.pcie_s, "PCIe"},
                                                   {row.nvme_s, "NVMe"},       {row.adam_s, "CPU Adam"},

@@ -67,6 +67,13 @@ struct ModelShape {
   int vocab = 50304, seq = 2048;
 };
 
+// The bytes a step moves through host memory: the CPU Adam pass's over the
+// `offloaded` parameters' state (optim::AdamBytesPerParam: bf16 gradient
+// and parameter copy, fp32 master, m and v in `moments`) plus every byte a
+// copy or an NVMe transfer moves, each touching host memory once.
+uint64_t HostMemoryBytes(uint64_t offloaded, DType moments, uint64_t h2d, uint64_t d2h, uint64_t nvme_read,
+                         uint64_t nvme_write);
+
 // GPT-3's shapes (Brown et al. 2020) from 1.3B to 175B, by name.
 const std::vector<ModelShape>& KnownModelShapes();
 

@@ -149,6 +149,10 @@ struct Plan {
   int64_t optimizer_gpu_shards = 0;
   uint64_t optimizer_gpu_params = 0;   // parameters of those shards
   uint64_t total_params = 0;
+  // Parameters whose optimizer state lives off the GPU (0 when it all stays there).
+  uint64_t offloaded_optimizer_params() const {
+    return optimizer == TierKind::kGpu ? 0 : total_params - optimizer_gpu_params;
+  }
 
   // Bytes per tier per kind of state.
   struct Row {
